@@ -1,0 +1,41 @@
+"""Trajectories, the screens they point to, their on-disk store and the replay buffer.
+
+``import digirl_lite.data`` is light (numpy only); the store imports HF ``datasets`` when
+first used.
+"""
+
+from digirl_lite.data.records import (
+    Ending,
+    ScreenTable,
+    Source,
+    Step,
+    Trajectory,
+    Verdict,
+    screen_id_of_features,
+    screen_id_of_image,
+)
+from digirl_lite.data.replay import ReplayBuffer, StepRef, split_of
+from digirl_lite.data.store import (
+    SCHEMA_VERSION,
+    StoreError,
+    TrajectoryStore,
+    load_trajectories,
+    save_trajectories,
+)
+
+__all__ = [
+    "Ending", "ScreenTable", "Source", "Step", "Trajectory", "Verdict",
+    "screen_id_of_features", "screen_id_of_image",
+    "ReplayBuffer", "StepRef", "split_of",
+    "SCHEMA_VERSION", "StoreError", "TrajectoryStore", "load_trajectories", "save_trajectories",
+    "import_released", "export_released",
+]
+
+
+def __getattr__(name: str):
+    # The released-format functions live in their own module (it may import torch).
+    if name in ("import_released", "export_released"):
+        from digirl_lite.data import released
+
+        return getattr(released, name)
+    raise AttributeError(f"module 'digirl_lite.data' has no attribute {name!r}")

@@ -1,0 +1,422 @@
+"""The trajectory store: HF ``datasets`` (Arrow) on disk, appended in shards.
+
+Layout of a store directory::
+
+    digirl_store.json          manifest: format, schema_version, feature_dim, shard list
+    shard-00000/trajectories/  one row per trajectory   (datasets.save_to_disk)
+    shard-00000/steps/         one row per step
+    shard-00000/screens/       one row per distinct screen: image (PNG), features (float32 x d)
+    shard-00001/...            each append writes one shard
+
+Each screen is stored once across all shards (an append skips screens already stored), and
+features once per screen; the two-frame critic state is rebuilt by index on load.
+
+Appends are atomic: a shard is written to a temporary folder, renamed into place, and only
+then listed in the manifest (itself replaced atomically). A crash mid-append leaves the store
+as it was; a shard folder that the manifest does not list is ignored.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Iterable, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from digirl_lite.actions import Action, ActionType
+from digirl_lite.data.records import ScreenTable, Source, Step, Trajectory
+
+__all__ = [
+    "SCHEMA_VERSION",
+    "MANIFEST",
+    "StoreError",
+    "TrajectoryStore",
+    "save_trajectories",
+    "load_trajectories",
+]
+
+SCHEMA_VERSION = 1
+MANIFEST = "digirl_store.json"
+FORMAT_NAME = "digirl_lite.trajectory_store"
+
+
+class StoreError(RuntimeError):
+    """A store that is missing, of another schema version, or corrupt (the message says where)."""
+
+
+def _datasets():
+    try:
+        import datasets
+    except ImportError as e:  # pragma: no cover - a core dependency
+        raise ImportError("the trajectory store needs `datasets` (pip install digirl-lite)") from e
+    return datasets
+
+
+@contextmanager
+def _quiet_progress():
+    ds = _datasets()
+    from datasets.utils import logging as dlog
+
+    was = ds.are_progress_bars_disabled()
+    level = dlog.get_verbosity()
+    ds.disable_progress_bars()
+    dlog.set_verbosity_error()
+    try:
+        yield
+    finally:
+        dlog.set_verbosity(level)
+        if not was:
+            ds.enable_progress_bars()
+
+
+def _features(feature_dim: int | None) -> dict[str, Any]:
+    ds = _datasets()
+    v = ds.Value
+    traj = ds.Features({
+        "traj_id": v("string"), "task": v("string"), "final_reward": v("float64"),
+        "ending": v("string"), "source": v("string"), "iteration": v("int64"),
+        "horizon": v("int64"), "seeds_json": v("string"), "truncation_reason": v("string"),
+        "num_steps": v("int64"),
+    })
+    steps = ds.Features({
+        "traj_id": v("string"), "step_index": v("int64"), "task": v("string"),
+        "prompt": v("string"), "action_text": v("string"), "action_type": v("string"),
+        "touch_y": v("float64"), "touch_x": v("float64"), "lift_y": v("float64"),
+        "lift_x": v("float64"), "typed_text": v("string"), "invalid_reason": v("string"),
+        "reward": v("float64"), "done": v("bool"), "screen_id": v("string"),
+        "next_screen_id": v("string"), "mc_return": v("float64"), "timings_json": v("string"),
+        "verdict": v("string"), "judge_reply": v("string"),
+    })
+    screen_cols = {"screen_id": v("string"), "image": ds.Image(), "source_path": v("string")}
+    if feature_dim:
+        screen_cols["features"] = ds.List(v("float32"), length=feature_dim)
+    return {"trajectories": traj, "steps": steps, "screens": ds.Features(screen_cols)}
+
+
+# ----------------------------------------------------------------------------------------
+# records <-> rows
+# ----------------------------------------------------------------------------------------
+def _traj_row(t: Trajectory) -> dict[str, Any]:
+    return {
+        "traj_id": t.traj_id, "task": t.task, "final_reward": float(t.final_reward),
+        "ending": t.ending.value, "source": t.source.value, "iteration": t.iteration,
+        "horizon": t.horizon, "seeds_json": json.dumps(dict(t.seeds), sort_keys=True),
+        "truncation_reason": t.truncation_reason, "num_steps": len(t.steps),
+    }
+
+
+def _step_row(t: Trajectory, i: int, s: Step) -> dict[str, Any]:
+    a = s.action
+    return {
+        "traj_id": t.traj_id, "step_index": i, "task": s.task, "prompt": s.prompt,
+        "action_text": s.action_text, "action_type": a.action_type.value,
+        "touch_y": a.touch_yx[0], "touch_x": a.touch_yx[1],
+        "lift_y": a.lift_yx[0], "lift_x": a.lift_yx[1],
+        "typed_text": a.typed_text, "invalid_reason": a.invalid_reason,
+        "reward": float(s.reward), "done": bool(s.done), "screen_id": s.screen_id,
+        "next_screen_id": s.next_screen_id, "mc_return": float(s.mc_return),
+        "timings_json": json.dumps(dict(s.timings), sort_keys=True),
+        "verdict": s.verdict.value if s.verdict is not None else None,
+        "judge_reply": s.judge_reply,
+    }
+
+
+def _action_from_row(r: dict[str, Any]) -> Action:
+    atype = ActionType(r["action_type"])
+    if atype is ActionType.INVALID:
+        return Action.invalid(r["invalid_reason"] or "invalid", raw=r["action_text"])
+    return Action(atype, (r["touch_y"], r["touch_x"]), (r["lift_y"], r["lift_x"]),
+                  r["typed_text"] or "")
+
+
+def _step_from_row(r: dict[str, Any]) -> Step:
+    return Step(
+        task=r["task"], prompt=r["prompt"], action_text=r["action_text"],
+        action=_action_from_row(r), reward=r["reward"], done=r["done"],
+        screen_id=r["screen_id"], next_screen_id=r["next_screen_id"],
+        mc_return=r["mc_return"], timings=json.loads(r["timings_json"] or "{}"),
+        verdict=r["verdict"], judge_reply=r["judge_reply"],
+    )
+
+
+# ----------------------------------------------------------------------------------------
+# The store
+# ----------------------------------------------------------------------------------------
+class TrajectoryStore:
+    """A directory of trajectories and screens; see the module docstring for its layout.
+
+    Use :meth:`create` for a new store, :meth:`open` for an existing one, :meth:`append` to
+    add trajectories (with the screens they reference), :meth:`load` to read everything.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], manifest: dict[str, Any]) -> None:
+        self.path = Path(path)
+        self.manifest = manifest
+
+    # -- opening ------------------------------------------------------------------------
+    @classmethod
+    def create(
+        cls, path: str | os.PathLike[str], feature_dim: int | None = None,
+        exist_ok: bool = False,
+    ) -> TrajectoryStore:
+        """Make an empty store at ``path`` (an existing store is opened if ``exist_ok``)."""
+        p = Path(path)
+        if (p / MANIFEST).exists():
+            if exist_ok:
+                return cls.open(p)
+            raise StoreError(f"{p} already holds a trajectory store")
+        if p.exists() and any(p.iterdir()):
+            raise StoreError(f"{p} exists and is not empty; refusing to create a store there")
+        p.mkdir(parents=True, exist_ok=True)
+        manifest = {"format": FORMAT_NAME, "schema_version": SCHEMA_VERSION,
+                    "feature_dim": feature_dim, "shards": []}
+        store = cls(p, manifest)
+        store._write_manifest()
+        return store
+
+    @classmethod
+    def open(cls, path: str | os.PathLike[str]) -> TrajectoryStore:
+        """Open an existing store; StoreError with the reason if it is not a valid one."""
+        p = Path(path)
+        mpath = p / MANIFEST
+        if not mpath.is_file():
+            raise StoreError(f"{p} is not a digirl_lite trajectory store (no {MANIFEST})")
+        try:
+            manifest = json.loads(mpath.read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise StoreError(f"{mpath} is corrupt: {e}") from e
+        if not isinstance(manifest, dict) or manifest.get("format") != FORMAT_NAME:
+            raise StoreError(f"{mpath} is not a digirl_lite store manifest")
+        version = manifest.get("schema_version")
+        if version != SCHEMA_VERSION:
+            raise StoreError(
+                f"{p} has schema version {version!r}; this digirl_lite reads version "
+                f"{SCHEMA_VERSION}"
+            )
+        if not isinstance(manifest.get("shards"), list):
+            raise StoreError(f"{mpath} has no shard list")
+        return cls(p, manifest)
+
+    @property
+    def feature_dim(self) -> int | None:
+        return self.manifest.get("feature_dim")
+
+    def _write_manifest(self) -> None:
+        fd, tmp = tempfile.mkstemp(dir=self.path, prefix=".manifest-", suffix=".json")
+        with os.fdopen(fd, "w") as f:
+            json.dump(self.manifest, f, indent=1)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.path / MANIFEST)
+
+    # -- writing ------------------------------------------------------------------------
+    def stored_screen_ids(self) -> set[str]:
+        ids: set[str] = set()
+        for shard in self.manifest["shards"]:
+            ds = self._load_table(shard, "screens")
+            ids.update(ds.data.column("screen_id").to_pylist())
+        return ids
+
+    def append(self, trajectories: Sequence[Trajectory], screens: ScreenTable) -> str | None:
+        """Write ``trajectories`` and the screens they reference as one new shard.
+
+        Screens already in the store are not written again. Every screen a step references
+        must be in ``screens`` or already stored. Returns the shard name (None if empty).
+        """
+        trajectories = list(trajectories)
+        if not trajectories:
+            return None
+        if self.feature_dim is None and screens.feature_dim is not None:
+            self.manifest["feature_dim"] = screens.feature_dim
+        elif screens.feature_dim not in (None, self.feature_dim):
+            raise StoreError(
+                f"screens carry {screens.feature_dim}-d features; {self.path} stores "
+                f"{self.feature_dim}-d"
+            )
+        stored = self.stored_screen_ids()
+        known = self._known_traj_ids()
+        needed: dict[str, None] = {}
+        for t in trajectories:
+            if t.traj_id in known:
+                raise StoreError(f"trajectory {t.traj_id!r} is already in {self.path}")
+            known.add(t.traj_id)
+            for s in t.steps:
+                needed.setdefault(s.screen_id)
+                needed.setdefault(s.next_screen_id)
+        new_ids = [sid for sid in needed if sid not in stored]
+        missing = [sid for sid in new_ids if sid not in screens]
+        if missing:
+            raise StoreError(
+                f"{len(missing)} referenced screen(s) are neither in the ScreenTable nor in "
+                f"the store, e.g. {missing[0]!r}"
+            )
+        feats = _features(self.feature_dim)
+        ds = _datasets()
+        traj_rows = [_traj_row(t) for t in trajectories]
+        step_rows = [_step_row(t, i, s) for t in trajectories for i, s in enumerate(t.steps)]
+        screen_rows = []
+        for sid in new_ids:
+            row: dict[str, Any] = {"screen_id": sid, "image": screens.image(sid),
+                                   "source_path": screens.source_path(sid)}
+            if self.feature_dim:
+                f = screens.matrix()[screens.index_of([sid])[0]]
+                row["features"] = None if np.isnan(f).all() else f
+            screen_rows.append(row)
+
+        names = set(self.manifest["shards"])
+        n = len(names)
+        while f"shard-{n:05d}" in names or (self.path / f"shard-{n:05d}").exists():
+            n += 1
+        name = f"shard-{n:05d}"
+        tmp = Path(tempfile.mkdtemp(dir=self.path, prefix=f".tmp-{name}-"))
+        try:
+            with _quiet_progress():
+                for table, rows in (("trajectories", traj_rows), ("steps", step_rows),
+                                    ("screens", screen_rows)):
+                    cols = {k: [r.get(k) for r in rows] for k in feats[table]}
+                    dset = ds.Dataset.from_dict(cols, features=feats[table])
+                    dset.save_to_disk(str(tmp / table))
+            os.rename(tmp, self.path / name)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        self.manifest["shards"].append(name)
+        self._write_manifest()
+        return name
+
+    def _known_traj_ids(self) -> set[str]:
+        ids: set[str] = set()
+        for shard in self.manifest["shards"]:
+            ids.update(self._load_table(shard, "trajectories").data.column("traj_id").to_pylist())
+        return ids
+
+    # -- reading ------------------------------------------------------------------------
+    def _load_table(self, shard: str, table: str):
+        ds = _datasets()
+        where = self.path / shard / table
+        try:
+            with _quiet_progress():
+                dset = ds.load_from_disk(str(where))
+        except Exception as e:
+            raise StoreError(f"cannot read {where}: {type(e).__name__}: {e}") from e
+        expected = _features(self.feature_dim)[table]
+        if dset.features != expected:
+            got = set(dset.features)
+            want = set(expected)
+            detail = (f"missing columns {sorted(want - got)}, unexpected {sorted(got - want)}"
+                      if got != want else "column types differ")
+            raise StoreError(f"{where} does not match schema version {SCHEMA_VERSION}: {detail}")
+        return dset
+
+    def __len__(self) -> int:
+        return sum(self._load_table(s, "trajectories").num_rows for s in self.manifest["shards"])
+
+    def load(self, with_images: bool = True) -> tuple[list[Trajectory], ScreenTable]:
+        """Read every trajectory and screen.
+
+        Images are decoded on demand (``screens.image(id)``); features are loaded at once.
+
+        Raises:
+            StoreError: naming the shard and table that is corrupt or inconsistent.
+        """
+        screens = ScreenTable(self.feature_dim)
+        trajectories: list[Trajectory] = []
+        for shard in self.manifest["shards"]:
+            sc = self._load_table(shard, "screens")
+            ids = sc.data.column("screen_id").to_pylist()
+            paths = sc.data.column("source_path").to_pylist()
+            if self.feature_dim:
+                col = sc.data.column("features")
+                flat = col.to_pylist()
+            else:
+                flat = [None] * len(ids)
+            has_image = [v is not None for v in sc.data.column("image").to_pylist()]
+            for row, (sid, f, p, hi) in enumerate(zip(ids, flat, paths, has_image)):
+                loader = _ImageLoader(sc, row) if (with_images and hi) else None
+                screens.add(loader, None if f is None else np.asarray(f, np.float32),
+                            screen_id=sid, source_path=p)
+            tr = self._load_table(shard, "trajectories").to_list()
+            st = self._load_table(shard, "steps").to_list()
+            by_traj: dict[str, list[dict[str, Any]]] = {}
+            for r in st:
+                by_traj.setdefault(r["traj_id"], []).append(r)
+            for r in tr:
+                rows = sorted(by_traj.pop(r["traj_id"], []), key=lambda x: x["step_index"])
+                where = f"{self.path / shard}: trajectory {r['traj_id']!r}"
+                if [x["step_index"] for x in rows] != list(range(r["num_steps"])):
+                    raise StoreError(f"{where} should have steps 0..{r['num_steps'] - 1}, "
+                                     f"found {[x['step_index'] for x in rows][:10]}")
+                try:
+                    steps = [_step_from_row(x) for x in rows]
+                    trajectories.append(Trajectory(
+                        traj_id=r["traj_id"], task=r["task"], steps=tuple(steps),
+                        final_reward=r["final_reward"], ending=r["ending"],
+                        source=Source(r["source"]), iteration=r["iteration"],
+                        horizon=r["horizon"], seeds=json.loads(r["seeds_json"] or "{}"),
+                        truncation_reason=r["truncation_reason"],
+                    ))
+                except (ValueError, TypeError, KeyError) as e:
+                    raise StoreError(f"{where} is corrupt: {e}") from e
+            if by_traj:
+                raise StoreError(f"{self.path / shard}: steps of unknown trajectories "
+                                 f"{sorted(by_traj)[:3]}")
+        for t in trajectories:
+            for s in t.steps:
+                for sid in (s.screen_id, s.next_screen_id):
+                    if sid not in screens:
+                        raise StoreError(f"{self.path}: trajectory {t.traj_id!r} references "
+                                         f"screen {sid!r}, which is not stored")
+        return trajectories, screens
+
+    def export_parquet(self, out_dir: str | os.PathLike[str]) -> dict[str, Path]:
+        """Write ``trajectories.parquet``, ``steps.parquet``, ``screens.parquet`` (images as
+        PNG bytes) for tools outside Python's HF stack. Returns the paths written."""
+        ds = _datasets()
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        written = {}
+        with _quiet_progress():
+            for table in ("trajectories", "steps", "screens"):
+                parts = [self._load_table(s, table) for s in self.manifest["shards"]]
+                if parts:
+                    dset = ds.concatenate_datasets(parts)
+                else:
+                    dset = ds.Dataset.from_dict(
+                        {k: [] for k in _features(self.feature_dim)[table]},
+                        features=_features(self.feature_dim)[table])
+                path = out / f"{table}.parquet"
+                dset.to_parquet(str(path))
+                written[table] = path
+        return written
+
+
+class _ImageLoader:
+    """Decodes one stored screenshot when asked (keeps a whole store's images off the heap)."""
+
+    def __init__(self, dset: Any, row: int) -> None:
+        self._dset, self._row = dset, row
+
+    def __call__(self):
+        return self._dset[self._row]["image"]
+
+
+def save_trajectories(
+    path: str | os.PathLike[str], trajectories: Iterable[Trajectory], screens: ScreenTable,
+) -> TrajectoryStore:
+    """Create a store at ``path`` (or open the one there) and append ``trajectories``."""
+    store = TrajectoryStore.create(path, screens.feature_dim, exist_ok=True)
+    store.append(list(trajectories), screens)
+    return store
+
+
+def load_trajectories(
+    path: str | os.PathLike[str], with_images: bool = True,
+) -> tuple[list[Trajectory], ScreenTable]:
+    """Open the store at ``path`` and read it whole."""
+    return TrajectoryStore.open(path).load(with_images=with_images)
