@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from digirl_lite.actions import ActionType, parse_action
+from digirl_lite.actions import ActionType
 from digirl_lite.data.records import Ending, ScreenTable, Source, Step, Trajectory, Verdict
 from digirl_lite.prompts import task_from_prompt
 

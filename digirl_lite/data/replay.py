@@ -24,7 +24,8 @@ Split = Literal["train", "val", "all"]
 
 
 def split_of(traj_id: str, seed: int = 0, val_fraction: float = 0.2) -> str:
-    """``"val"`` for about ``val_fraction`` of ids (stable hash of seed and id), else ``"train"``."""
+    """``"val"`` for about ``val_fraction`` of ids (a stable hash of seed and id), else
+    ``"train"``."""
     h = hashlib.blake2b(f"{seed}:{traj_id}".encode(), digest_size=8).digest()
     u = int.from_bytes(h, "big") / 2.0**64
     return "val" if u < val_fraction else "train"

@@ -336,7 +336,7 @@ class TrajectoryStore:
                 flat = col.to_pylist()
             else:
                 flat = [None] * len(ids)
-            has_image = [v is not None for v in sc.data.column("image").to_pylist()]
+            has_image = [not v for v in sc.data.column("image").is_null().to_pylist()]
             for row, (sid, f, p, hi) in enumerate(zip(ids, flat, paths, has_image)):
                 loader = _ImageLoader(sc, row) if (with_images and hi) else None
                 screens.add(loader, None if f is None else np.asarray(f, np.float32),
