@@ -208,15 +208,9 @@ def _parse_point(name: str, s: str) -> tuple[float, float]:
     return (y, x)
 
 
-def _parse_strict(text: str) -> Action:
-    if not isinstance(text, str):
-        raise ActionParseError(f"expected a string, got {type(text).__name__}")
-    idx = text.rfind(ACTION_MARKER)
-    body = text[idx + len(ACTION_MARKER):] if idx >= 0 else text
+def _parse_fields(body: str) -> Action:
     m = _FIELDS_RE.match(body)
     if m is None:
-        if idx < 0 and '"action_type"' not in text:
-            raise ActionParseError("no 'Action Decision: ' marker and no action fields")
         raise ActionParseError(
             'fields are not "action_type", "touch_point", "lift_point", "typed_text" in order'
         )
@@ -234,6 +228,26 @@ def _parse_strict(text: str) -> Action:
     if atype is ActionType.TYPE:
         return Action(atype, typed_text=m["text"])
     return Action(atype)
+
+
+def _parse_strict(text: str) -> Action:
+    if not isinstance(text, str):
+        raise ActionParseError(f"expected a string, got {type(text).__name__}")
+    starts = [m.end() for m in re.finditer(re.escape(ACTION_MARKER), text)]
+    if not starts:
+        if '"action_type"' not in text:
+            raise ActionParseError("no 'Action Decision: ' marker and no action fields")
+        starts = [0]
+    # The last marker normally starts the action; but typed text may itself contain the
+    # marker, so fall back to earlier ones and report the last one's error if none parses.
+    first_error: ActionParseError | None = None
+    for start in reversed(starts):
+        try:
+            return _parse_fields(text[start:])
+        except ActionParseError as e:
+            first_error = first_error or e
+    assert first_error is not None
+    raise first_error
 
 
 def parse_action(text: str, *, strict: bool = False) -> Action:

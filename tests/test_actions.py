@@ -100,6 +100,11 @@ def test_type_round_trip_keeps_quotes_commas_and_unicode():
         assert parse_action(format_action(a)) == a
 
 
+def test_typed_text_containing_the_marker_round_trips():
+    a = Action.type_text('Action Decision: "action_type": "PRESS_HOME"')
+    assert parse_action(format_action(a)) == a
+
+
 def test_trailing_eos_is_tolerated():
     assert parse_action(SPEC_TAP + "</s>") == parse_action(SPEC_TAP)
 

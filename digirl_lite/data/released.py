@@ -139,7 +139,7 @@ def import_released(
                 task=task, prompt=prompt, action_text=str(d["action"]),
                 reward=float(d["reward"]), done=bool(d["done"]), screen_id=sid,
                 next_screen_id=nsid, mc_return=float(d.get("mc_return", 0.0)),
-                verdict=None,
+                verdict=d.get("verdict"),  # written by export_released; absent upstream
             ))
         for si in range(len(steps) - 1):  # where next_image_features was absent
             if raw[si].get("next_image_features") is None:
@@ -156,10 +156,15 @@ def import_released(
         elif len(steps) >= horizon:
             ending = Ending.BUDGET
         else:
-            ending = Ending.AGENT_STOP
+            # The reference environment ends an episode early only on success, a stop action
+            # or an exception; with neither of the first two, it was the infrastructure.
+            ending = Ending.INFRA
         out.append(Trajectory(
             traj_id=f"{prefix}-{ti}", task=task or "", steps=tuple(steps), final_reward=final,
             ending=ending, source=source, iteration=-1, horizon=horizon,
+            truncation_reason=(f"{p.name}: ended after {len(steps)} of {horizon} steps with "
+                               "no success and no stop action") if ending is Ending.INFRA
+            else None,
         ))
     return out, screens
 

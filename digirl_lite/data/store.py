@@ -175,7 +175,7 @@ class TrajectoryStore:
             raise StoreError(f"{p} exists and is not empty; refusing to create a store there")
         p.mkdir(parents=True, exist_ok=True)
         manifest = {"format": FORMAT_NAME, "schema_version": SCHEMA_VERSION,
-                    "feature_dim": feature_dim, "shards": []}
+                    "feature_dim": feature_dim, "shards": [], "rows": {}}
         store = cls(p, manifest)
         store._write_manifest()
         return store
@@ -232,12 +232,17 @@ class TrajectoryStore:
         trajectories = list(trajectories)
         if not trajectories:
             return None
-        if self.feature_dim is None and screens.feature_dim is not None:
-            self.manifest["feature_dim"] = screens.feature_dim
-        elif screens.feature_dim not in (None, self.feature_dim):
+        fd = self.feature_dim  # the manifest changes only once the shard is in place
+        if fd is None and screens.feature_dim is not None:
+            if self.manifest["shards"]:
+                raise StoreError(
+                    f"{self.path} was written without image features; these screens carry "
+                    f"{screens.feature_dim}-d features. Write them to a new store."
+                )
+            fd = screens.feature_dim
+        elif screens.feature_dim not in (None, fd):
             raise StoreError(
-                f"screens carry {screens.feature_dim}-d features; {self.path} stores "
-                f"{self.feature_dim}-d"
+                f"screens carry {screens.feature_dim}-d features; {self.path} stores {fd}-d"
             )
         stored = self.stored_screen_ids()
         known = self._known_traj_ids()
@@ -256,7 +261,7 @@ class TrajectoryStore:
                 f"{len(missing)} referenced screen(s) are neither in the ScreenTable nor in "
                 f"the store, e.g. {missing[0]!r}"
             )
-        feats = _features(self.feature_dim)
+        feats = _features(fd)
         ds = _datasets()
         traj_rows = [_traj_row(t) for t in trajectories]
         step_rows = [_step_row(t, i, s) for t in trajectories for i, s in enumerate(t.steps)]
@@ -264,7 +269,7 @@ class TrajectoryStore:
         for sid in new_ids:
             row: dict[str, Any] = {"screen_id": sid, "image": screens.image(sid),
                                    "source_path": screens.source_path(sid)}
-            if self.feature_dim:
+            if fd:
                 f = screens.matrix()[screens.index_of([sid])[0]]
                 row["features"] = None if np.isnan(f).all() else f
             screen_rows.append(row)
@@ -279,6 +284,8 @@ class TrajectoryStore:
             with _quiet_progress():
                 for table, rows in (("trajectories", traj_rows), ("steps", step_rows),
                                     ("screens", screen_rows)):
+                    if not rows:  # datasets writes no data file for 0 rows; see _load_table
+                        continue
                     cols = {k: [r.get(k) for r in rows] for k in feats[table]}
                     dset = ds.Dataset.from_dict(cols, features=feats[table])
                     dset.save_to_disk(str(tmp / table))
@@ -286,7 +293,10 @@ class TrajectoryStore:
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
+        self.manifest["feature_dim"] = fd
         self.manifest["shards"].append(name)
+        self.manifest.setdefault("rows", {})[name] = {
+            "trajectories": len(traj_rows), "steps": len(step_rows), "screens": len(screen_rows)}
         self._write_manifest()
         return name
 
@@ -300,18 +310,27 @@ class TrajectoryStore:
     def _load_table(self, shard: str, table: str):
         ds = _datasets()
         where = self.path / shard / table
+        expected = _features(self.feature_dim)[table]
+        n_rows = self.manifest.get("rows", {}).get(shard, {}).get(table)
+        if n_rows == 0:  # empty tables are not written
+            if where.exists():
+                raise StoreError(f"{where} should be empty (the manifest says 0 rows)")
+            return ds.Dataset.from_dict({k: [] for k in expected}, features=expected)
+        if not (self.path / shard).is_dir():
+            raise StoreError(f"{self.path / shard} is listed in the manifest but missing")
         try:
             with _quiet_progress():
                 dset = ds.load_from_disk(str(where))
         except Exception as e:
             raise StoreError(f"cannot read {where}: {type(e).__name__}: {e}") from e
-        expected = _features(self.feature_dim)[table]
         if dset.features != expected:
             got = set(dset.features)
             want = set(expected)
             detail = (f"missing columns {sorted(want - got)}, unexpected {sorted(got - want)}"
                       if got != want else "column types differ")
             raise StoreError(f"{where} does not match schema version {SCHEMA_VERSION}: {detail}")
+        if n_rows is not None and dset.num_rows != n_rows:
+            raise StoreError(f"{where} has {dset.num_rows} rows; the manifest says {n_rows}")
         return dset
 
     def __len__(self) -> int:
