@@ -1,0 +1,61 @@
+"""The environment interface shared by the simulated phone and Android emulators.
+
+Gymnasium style::
+
+    obs, info = env.reset(task=None, seed=None)
+    obs, reward, terminated, truncated, info = env.step(action_text)
+    env.close()
+
+``terminated``: the episode ended on its own (the judge said success, or the agent emitted
+STATUS_TASK_COMPLETE / TASK_IMPOSSIBLE). ``truncated``: it was cut, and
+``info["truncation"]`` says by what: ``"budget"`` (H steps ran out; an agent failure) or
+``"infrastructure"`` (a crashed device, blank screenshots, a timeout; not the agent's doing),
+with ``info["reason"]`` saying what and where.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+if TYPE_CHECKING:  # pragma: no cover
+    from PIL import Image
+
+__all__ = ["Observation", "Env", "TRUNCATION_BUDGET", "TRUNCATION_INFRA"]
+
+TRUNCATION_BUDGET = "budget"
+TRUNCATION_INFRA = "infrastructure"
+
+
+@dataclass(frozen=True)
+class Observation:
+    """What the agent sees at one step.
+
+    Attributes:
+        screenshot: the screen (PIL image, 1080 x 2280 by default); treat as read-only.
+        prompt: ``Previous Actions: <last action> Goal: <task></s>``.
+        task: the instruction.
+        step: steps taken so far in this episode (0 after reset).
+        screen_id: a content name for the screenshot when the environment knows one cheaply
+            (equal ids mean identical pixels), else None.
+        state: the simulator's ground-truth state (for scripted experts and the oracle;
+            None on real devices). Policies must not read it.
+    """
+
+    screenshot: Image.Image
+    prompt: str
+    task: str
+    step: int = 0
+    screen_id: str | None = None
+    state: Any = None
+
+
+@runtime_checkable
+class Env(Protocol):
+    horizon: int
+
+    def reset(self, task: Any = None, seed: int | None = None) -> tuple[Observation, dict]: ...
+
+    def step(self, action_text: str) -> tuple[Observation, float, bool, bool, dict]: ...
+
+    def close(self) -> None: ...

@@ -1,0 +1,264 @@
+"""``SimPhoneEnv``: the built-in simulated phone behind the shared environment interface."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from digirl_lite.actions import Action, format_action, parse_action, to_gesture
+from digirl_lite.data.records import Verdict
+from digirl_lite.envs.base import TRUNCATION_BUDGET, TRUNCATION_INFRA, Observation
+from digirl_lite.envs.sim.render import Renderer, blank_screen, screen_key
+from digirl_lite.envs.sim.tasks import Task, load_tasks, parse_task
+from digirl_lite.envs.sim.world import (
+    HEIGHT,
+    WIDTH,
+    PhoneState,
+    Surprises,
+    initial_state,
+    is_success,
+    surprises_between,
+    transition,
+)
+from digirl_lite.judge.base import Judge, JudgeResult, OracleJudge
+from digirl_lite.paths import data_dir
+from digirl_lite.prompts import build_prompt
+
+__all__ = ["Faults", "SimPhoneEnv", "TASK_SETS"]
+
+TASK_SETS = ("webshop", "general")
+MAX_PROMPT_ACTION_CHARS = 300
+"""An invalid action's raw text goes into the next prompt cut to this length."""
+
+
+@dataclass(frozen=True)
+class Faults:
+    """Infrastructure faults, for testing fleets (all off by default).
+
+    Attributes:
+        crash: per-step probability that the device stops answering (the episode is
+            truncated as ``"infrastructure"``).
+        blank_screenshot: per-capture probability of an all-white screenshot; retried up
+            to ``blank_retries`` times (the reference code's blank-screen guard), then the
+            episode is truncated as ``"infrastructure"``.
+        blank_retries: retries of a blank capture (5 in the reference code).
+        latency_median_s: median of a log-normal per-step latency (0: none).
+        latency_sigma: log-normal sigma of that latency.
+    """
+
+    crash: float = 0.0
+    blank_screenshot: float = 0.0
+    blank_retries: int = 5
+    latency_median_s: float = 0.0
+    latency_sigma: float = 0.5
+
+    def __post_init__(self) -> None:
+        for name in ("crash", "blank_screenshot"):
+            p = getattr(self, name)
+            if not 0.0 <= p <= 1.0:
+                raise ValueError(f"Faults.{name} must be a probability, got {p}")
+        if self.blank_retries < 0 or self.latency_median_s < 0 or self.latency_sigma < 0:
+            raise ValueError("Faults: retries and latencies must be non-negative")
+
+
+def _coerce(cls, value):
+    if value is None:
+        return cls()
+    if isinstance(value, cls):
+        return value
+    if isinstance(value, dict):
+        return cls(**value)
+    raise TypeError(f"expected {cls.__name__} or a dict of its fields, got {type(value).__name__}")
+
+
+class SimPhoneEnv:
+    """The simulated phone (Web Shopping world at H = 20 by default).
+
+    Args:
+        tasks: ``"webshop"`` or ``"general"`` (the shipped train lists in ``data/tasks``),
+            ``"webshop_test"`` / ``"general_test"``, a path to a one-instruction-per-line
+            file, or a sequence of instructions / :class:`Task` objects. ``reset()`` without
+            a task draws one from these.
+        horizon: step budget H; None uses the task's (20 Web Shopping, 10 General).
+        day: drift day (1 = the layout demonstrations were recorded on).
+        surprises: :class:`Surprises` or a dict of its fields.
+        faults: :class:`Faults` or a dict of its fields.
+        judge: the judge that gives rewards (default: :class:`OracleJudge`). Each
+            environment needs its own judge object (judges keep per-device guards).
+        seed: seeds task draws, surprises and faults; ``reset(seed=...)`` reseeds.
+        width, height: screenshot size (1080 x 2280 as on the paper's emulators).
+        render_cache: screens kept drawn (each full-size screen is ~7 MB).
+    """
+
+    def __init__(
+        self,
+        tasks: str | Path | Sequence[str | Task] = "webshop",
+        horizon: int | None = None,
+        day: int = 1,
+        surprises: Surprises | dict | None = None,
+        faults: Faults | dict | None = None,
+        judge: Judge | None = None,
+        seed: int | None = 0,
+        width: int = WIDTH,
+        height: int = HEIGHT,
+        render_cache: int = 32,
+    ) -> None:
+        if horizon is not None and horizon <= 0:
+            raise ValueError(f"horizon must be positive, got {horizon}")
+        self.tasks = self._load_task_list(tasks)
+        self._fixed_horizon = horizon
+        self.day = day
+        self.surprises = _coerce(Surprises, surprises)
+        self.faults = _coerce(Faults, faults)
+        self.judge = judge if judge is not None else OracleJudge()
+        self.renderer = Renderer(width, height, render_cache)
+        self.rng = np.random.default_rng(seed)
+        self.task: Task | None = None
+        self.state: PhoneState | None = None
+        self.horizon = horizon or 20
+        self._steps = 0
+        self._done = True
+        self._obs: Observation | None = None
+        self._closed = False
+
+    # -- tasks --------------------------------------------------------------------------
+    @staticmethod
+    def _load_task_list(tasks) -> list[Task]:
+        if isinstance(tasks, (str, Path)):
+            name = str(tasks)
+            if name in TASK_SETS or name in tuple(f"{s}_test" for s in TASK_SETS):
+                split = "test" if name.endswith("_test") else "train"
+                path = data_dir() / "tasks" / f"{name.removesuffix('_test')}_{split}.txt"
+            else:
+                path = Path(name)
+            if not path.is_file():
+                raise FileNotFoundError(f"task list {path} does not exist")
+            out = load_tasks(path)
+        else:
+            out = [t if isinstance(t, Task) else parse_task(t) for t in tasks]
+        if not out:
+            raise ValueError("the task list is empty")
+        return out
+
+    # -- episode ------------------------------------------------------------------------
+    def reset(self, task: str | Task | None = None, seed: int | None = None):
+        """Start an episode on the launcher. Returns ``(obs, info)``."""
+        if self._closed:
+            raise RuntimeError("this environment is closed")
+        if seed is not None:
+            self.rng = np.random.default_rng(seed)
+        if task is None:
+            task = self.tasks[int(self.rng.integers(len(self.tasks)))]
+        self.task = task if isinstance(task, Task) else parse_task(task)
+        self.horizon = self._fixed_horizon or self.task.horizon
+        self.state = initial_state(self.day)
+        self._steps = 0
+        self._done = False
+        self._last_action_text: str | None = None
+        self.judge.reset()
+        obs, _ = self._observe()
+        self._obs = obs
+        return obs, {"task": self.task.text, "success": is_success(self.state, self.task),
+                     "horizon": self.horizon}
+
+    def _observe(self) -> tuple[Observation, int]:
+        """Capture the screen, retrying blank captures; returns (obs, blank captures)."""
+        blanks = 0
+        while self.faults.blank_screenshot > 0 and self.rng.random() < self.faults.blank_screenshot:
+            blanks += 1
+            if blanks > self.faults.blank_retries:
+                break
+        if blanks > self.faults.blank_retries:
+            img, sid = blank_screen(self.renderer.width, self.renderer.height), "blank"
+        else:
+            sid = screen_key(self.state)
+            img = self.renderer.render(self.state, sid)
+        prompt = build_prompt(self.task.text, self._last_action_text)
+        obs = Observation(img, prompt, self.task.text, self._steps, sid, self.state)
+        return obs, blanks
+
+    def step(self, action_text: str):
+        """Apply one action string. Returns ``(obs, reward, terminated, truncated, info)``.
+
+        Malformed text is an invalid action: a no-op that costs a step (see
+        :mod:`digirl_lite.actions`); ``info["invalid_reason"]`` says why.
+        """
+        if self._done or self.state is None:
+            raise RuntimeError("the episode is over (or never started): call reset()")
+        t0 = time.perf_counter()
+        action: Action = parse_action(action_text)
+        self._steps += 1
+        info: dict[str, Any] = {"step": self._steps, "action": action, "truncation": None,
+                                "reason": None, "invalid_reason": action.invalid_reason}
+        if self.faults.crash > 0 and self.rng.random() < self.faults.crash:
+            self._done = True
+            info.update(truncation=TRUNCATION_INFRA, verdict=None, success=False,
+                        reason=f"simulated device crash at step {self._steps}: the device "
+                               f"stopped answering")
+            return self._obs, 0.0, False, True, info
+        gesture = to_gesture(action, WIDTH, HEIGHT)
+        prev_obs = self._obs
+        before = self.state
+        self.state = transition(self.state, gesture, self.rng, self.surprises)
+        info["surprises"] = surprises_between(before, self.state)
+        if self.faults.latency_median_s > 0:
+            time.sleep(math.exp(math.log(self.faults.latency_median_s)
+                                + self.faults.latency_sigma * self.rng.standard_normal()))
+        if action.is_valid:
+            self._last_action_text = format_action(action)
+        else:
+            raw = action_text if isinstance(action_text, str) else repr(action_text)
+            self._last_action_text = raw[:MAX_PROMPT_ACTION_CHARS]
+        obs, blanks = self._observe()
+        info["blank_captures"] = blanks
+        self._obs = obs
+        if obs.screen_id == "blank":
+            self._done = True
+            info.update(truncation=TRUNCATION_INFRA, verdict=None, success=False,
+                        reason=f"blank screenshot at step {self._steps} after "
+                               f"{self.faults.blank_retries} retries")
+            return obs, 0.0, False, True, info
+        t_env = time.perf_counter() - t0
+        result = self._judge(prev_obs, obs)
+        success = is_success(self.state, self.task)
+        reward = result.reward
+        terminated = result.verdict is Verdict.SUCCESS or action.ends_episode
+        truncated = not terminated and self._steps >= self.horizon
+        if truncated:
+            info["truncation"] = TRUNCATION_BUDGET
+            info["reason"] = f"step budget H = {self.horizon} ran out"
+        self._done = terminated or truncated
+        info.update(success=success, verdict=result.verdict, judge_reply=result.reply,
+                    judge_skipped=result.skipped,
+                    timings={"env_s": t_env, "judge_s": result.latency_s})
+        return obs, reward, terminated, truncated, info
+
+    def _judge(self, prev: Observation | None, cur: Observation) -> JudgeResult:
+        t = time.perf_counter()
+        try:
+            r = self.judge.judge(self.task.text, prev.screenshot if prev else None,
+                                 cur.screenshot, state=self.state)
+        except Exception as e:  # a judge failure must not end the run or become a 0
+            return JudgeResult(Verdict.UNJUDGED, skipped=f"judge raised {type(e).__name__}: {e}",
+                               latency_s=time.perf_counter() - t)
+        if r.latency_s == 0.0:
+            r = JudgeResult(r.verdict, r.reply, r.skipped, r.calls, r.tokens,
+                            time.perf_counter() - t)
+        return r
+
+    def close(self) -> None:
+        self._closed = True
+        self._done = True
+        self.renderer._cache.clear()
+
+    def __enter__(self) -> SimPhoneEnv:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

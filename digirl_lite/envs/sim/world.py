@@ -1,0 +1,584 @@
+"""The simulated phone's world: its state, what is on screen where, and how actions change it.
+
+Everything here is a pure function of a frozen :class:`PhoneState` (and, for surprises, a
+seeded generator), so an expert can plan on a copy, a copier can keep a belief, and a test
+can check one transition at a time. Coordinates are pixels on a 1080 x 2280 screen.
+
+Screens: the launcher (app icons, a Google search widget), Chrome (address bar; Google home,
+Google results, a web result page; the six shops, each with a home page, a search box, a
+results list and product pages), and a plain home screen for every other app.
+
+Surprises (each with a probability in :class:`Surprises`): a pop-up over a page, a consent
+banner, a tap on a search box that opens voice input instead, results in another order, a
+page that loads blank (white) first. Drift: ``day`` moves and recolours elements.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from digirl_lite.actions import KEYCODE_ENTER, KEYCODE_HOME, Gesture
+from digirl_lite.envs.sim.catalog import APPS, SITES, site_from_domain
+
+if TYPE_CHECKING:  # pragma: no cover
+    from digirl_lite.envs.sim.tasks import Task
+
+__all__ = [
+    "WIDTH", "HEIGHT", "Surprises", "Page", "PhoneState", "Element",
+    "initial_state", "layout", "hit_test", "transition", "is_success", "results_for",
+    "surprises_between", "find",
+    "N_RESULTS",
+]
+
+WIDTH, HEIGHT = 1080, 2280
+STATUS_H = 80
+CONTENT_TOP = 240  # below Chrome's address bar
+KEYBOARD_TOP = 1480
+N_RESULTS = 8
+RESULT_H = 300
+SCROLLABLE = ("google_results", "shop_results")
+
+
+@dataclass(frozen=True)
+class Surprises:
+    """Probabilities of the surprises, each drawn from the environment's seeded generator.
+
+    Defaults are tuned so that the copier of clean demonstrations (``agents.Copier`` at its
+    default slip rate) succeeds on about 18% of Web Shopping and 22% of General test tasks,
+    failing mostly by not recovering from pop-ups and voice input, as the paper's AutoUI
+    copier does (17.7% Web Shopping, 14.6% General).
+    """
+
+    popup: float = 0.5
+    """A modal pop-up over a page when it loads: "sign up for deals" on a shop, "before you
+    continue" on Google, "allow notifications?" in an app."""
+    consent: float = 0.3
+    """A cookie-consent banner at the bottom, on the first page of a site in an episode."""
+    voice: float = 0.35
+    """A tap on a search box opens voice input instead of the keyboard."""
+    reorder: float = 0.25
+    """A results list comes in another order (the first entry is another product)."""
+    blank: float = 0.1
+    """A page shows blank (white) for one step before it loads; the step's action is lost."""
+
+    def __post_init__(self) -> None:
+        for name in ("popup", "consent", "voice", "reorder", "blank"):
+            p = getattr(self, name)
+            if not 0.0 <= p <= 1.0:
+                raise ValueError(f"Surprises.{name} must be a probability in [0, 1], got {p}")
+
+    @classmethod
+    def none(cls) -> Surprises:
+        return cls(0.0, 0.0, 0.0, 0.0, 0.0)
+
+
+@dataclass(frozen=True)
+class Page:
+    """Where the phone is. ``order`` is the results' display order (catalogue indices)."""
+
+    app: str = "launcher"
+    kind: str = "launcher"
+    site: str | None = None
+    query: str | None = None
+    item: int | None = None
+    order: tuple[int, ...] = ()
+    scroll: int = 0
+
+
+@dataclass(frozen=True)
+class PhoneState:
+    page: Page = field(default_factory=Page)
+    history: tuple[Page, ...] = ()
+    focus: str | None = None
+    typed: str = ""
+    overlay: str | None = None  # "popup" | "consent" | "voice"
+    loading: bool = False
+    day: int = 1
+    sites_seen: tuple[str, ...] = ()
+
+    @property
+    def clean(self) -> bool:
+        """No surprise in the way (a consent banner only covers the bottom of the page)."""
+        return self.overlay in (None, "consent") and not self.loading
+
+
+@dataclass(frozen=True)
+class Element:
+    """A box on screen. ``box`` = (x0, y0, x1, y1) pixels; ``kind`` decides how it is drawn."""
+
+    id: str
+    box: tuple[int, int, int, int]
+    kind: str
+    label: str = ""
+    color: tuple[int, int, int] = (255, 255, 255)
+    text_color: tuple[int, int, int] = (32, 33, 36)
+
+    @property
+    def center(self) -> tuple[float, float]:
+        x0, y0, x1, y1 = self.box
+        return ((x0 + x1) / 2.0, (y0 + y1) / 2.0)
+
+    def contains(self, x: float, y: float) -> bool:
+        x0, y0, x1, y1 = self.box
+        return x0 <= x < x1 and y0 <= y < y1
+
+
+def initial_state(day: int = 1) -> PhoneState:
+    """The saved phone every episode starts from: the launcher (spec section 1)."""
+    if day < 1:
+        raise ValueError(f"day starts at 1, got {day}")
+    return PhoneState(day=day)
+
+
+# ---------------------------------------------------------------------------------------
+# Drift and catalogue
+# ---------------------------------------------------------------------------------------
+def _h(*parts: object) -> int:
+    return int.from_bytes(hashlib.blake2b(repr(parts).encode(), digest_size=8).digest(), "big")
+
+
+def drift_offset(day: int, where: str) -> int:
+    """How far (px, downwards) ``where``'s main elements moved by ``day`` (0 on day 1)."""
+    if day <= 1:
+        return 0
+    return (_h("drift", where, day) % 7) * 40  # 0..240 px, new every day
+
+
+def _tint(color: tuple[int, int, int], day: int, where: str) -> tuple[int, int, int]:
+    if day <= 1:
+        return color
+    k = _h("tint", where, day) % 3
+    return tuple(color[(i + k) % 3] for i in range(3))  # type: ignore[return-value]
+
+
+def launcher_order(day: int) -> list[str]:
+    apps = list(APPS)
+    if day <= 1:
+        return apps
+    k = _h("launcher", day) % len(apps)
+    return apps[k:] + apps[:k]
+
+
+_SUFFIXES = ("", " - Renewed", " Case", " Bundle", " 2-Pack", " Charger", " (Open Box)",
+             " Accessory Kit", " Replacement", " Pro", " Stand", " Cable")
+
+
+def results_for(site: str | None, query: str) -> list[tuple[str, str]]:
+    """The catalogue answer to ``query``: N_RESULTS (title, price) pairs, deterministic.
+
+    Index 0 is the product itself; the rest are related items.
+    """
+    q = " ".join(query.split())
+    title = q[:1].upper() + q[1:] if q else "Item"
+    rng = np.random.default_rng(_h("results", site, q.lower()) % 2**32)
+    picks = [0] + list(rng.choice(np.arange(1, len(_SUFFIXES)), N_RESULTS - 1, replace=False))
+    out = []
+    for i in picks:
+        price = 9.99 + float(rng.integers(1, 600))
+        out.append((f"{title}{_SUFFIXES[int(i)]}", f"${price:,.2f}"))
+    return out
+
+
+# ---------------------------------------------------------------------------------------
+# Layout
+# ---------------------------------------------------------------------------------------
+def _status_bar() -> list[Element]:
+    return [Element("status_bar", (0, 0, WIDTH, STATUS_H), "bar", "12:30", (32, 33, 36),
+                    (255, 255, 255))]
+
+
+def _chrome_bar(state: PhoneState) -> list[Element]:
+    p = state.page
+    if state.focus == "address_bar":
+        text = state.typed or "Search or type web address"
+    elif p.site:
+        text = SITES[p.site].domain
+    elif p.kind == "google_results":
+        text = f"google.com/search?q={p.query}"
+    elif p.kind == "web_result":
+        text = f"www.answers.example/{p.item}"
+    else:
+        text = "google.com"
+    return [
+        Element("chrome_toolbar", (0, STATUS_H, WIDTH, CONTENT_TOP), "bar", "",
+                (241, 243, 244)),
+        Element("address_bar", (30, 105, 1050, 215), "field", text, (255, 255, 255)),
+    ]
+
+
+def _list_items(state: PhoneState, top: int, titles: list[tuple[str, str]], prefix: str,
+                color: tuple[int, int, int]) -> list[Element]:
+    """Scrollable result rows below ``top``; rows scrolled out of view are not on screen."""
+    out = []
+    bottom = KEYBOARD_TOP if state.focus else HEIGHT
+    for slot, (title, sub) in enumerate(titles):
+        y0 = top + slot * RESULT_H - state.page.scroll
+        y1 = y0 + RESULT_H - 20
+        if y1 <= top or y0 >= bottom:
+            continue
+        box = (40, max(y0, top), 1040, min(y1, bottom))
+        out.append(Element(f"{prefix}:{slot}", box, "row", f"{title}\n{sub}", (248, 249, 250),
+                           color))
+    return out
+
+
+def max_scroll(state: PhoneState) -> int:
+    if state.page.kind not in SCROLLABLE:
+        return 0
+    return max(0, N_RESULTS * RESULT_H + 700 - HEIGHT)
+
+
+def _page_elements(state: PhoneState) -> list[Element]:
+    p = state.page
+    d = state.day
+    if p.kind == "launcher":
+        els = [Element("clock_widget", (0, 220, WIDTH, 480), "big_text", "12:30",
+                       (0, 0, 0), (255, 255, 255))]
+        off = drift_offset(d, "launcher")
+        for i, key in enumerate(launcher_order(d)):
+            r, c = divmod(i, 4)
+            x0, y0 = 20 + c * 260, 560 + off + r * 300
+            app = APPS[key]
+            els.append(Element(f"icon:{key}", (x0 + 20, y0, x0 + 240, y0 + 260), "icon",
+                               app.label, _tint(app.color, d, key)))
+        wy = 1960 - off // 2
+        els.append(Element("widget:search", (60, wy, 880, wy + 130), "field", "Search",
+                           (255, 255, 255)))
+        els.append(Element("widget:mic", (880, wy, 1020, wy + 130), "mic", "", (255, 255, 255)))
+        return els
+    if p.app != "chrome":
+        app = APPS[p.app]
+        return [
+            Element("app_bar", (0, STATUS_H, WIDTH, 300), "bar", app.label,
+                    _tint(app.color, d, p.app), (255, 255, 255)),
+            Element("app_body", (60, 360, 1020, 1200), "card", f"Welcome to {app.label}",
+                    (245, 245, 245)),
+        ]
+    els = _chrome_bar(state)
+    if p.kind == "google_home":
+        off = drift_offset(d, "google")
+        els += [
+            Element("google_logo", (240, 520 + off, 840, 700 + off), "logo", "Google",
+                    (255, 255, 255), _tint((66, 133, 244), d, "google")),
+            Element("search_box", (80, 800 + off, 870, 930 + off), "field",
+                    state.typed if state.focus == "search_box" else "Search",
+                    (255, 255, 255)),
+            Element("mic", (870, 800 + off, 1000, 930 + off), "mic", "", (255, 255, 255)),
+        ]
+        return els
+    if p.kind == "google_results":
+        els += [
+            Element("search_box", (40, 260, 870, 380), "field",
+                    state.typed if state.focus == "search_box" else (p.query or ""),
+                    (255, 255, 255)),
+            Element("mic", (870, 260, 1040, 380), "mic", "", (255, 255, 255)),
+        ]
+        rows = _google_rows(p.query or "")
+        return els + _list_items(state, 420, rows, "result", (26, 13, 171))
+    if p.kind == "web_result":
+        title = _google_rows(p.query or "")[p.item or 0][0]
+        return els + [
+            Element("article_title", (40, 280, 1040, 420), "title", title, (255, 255, 255)),
+            Element("article_body", (40, 440, 1040, 1400), "card",
+                    f"Everything about {p.query}.", (248, 249, 250)),
+        ]
+    site = SITES[p.site or "costco"]
+    color = _tint(site.color, d, site.key)
+    off = drift_offset(d, site.key)
+    els += [Element("site_header", (0, CONTENT_TOP, WIDTH, 400), "bar", site.title, color,
+                    (255, 255, 255))]
+    if p.kind == "shop_product":
+        title, price = _product(p)
+        return els + [
+            Element("product_image", (140, 440, 940, 1140), "image", "", _tint(
+                (200, 200, 210), d, title)),
+            Element("product_title", (40, 1170, 1040, 1330), "title", title, (255, 255, 255)),
+            Element("product_price", (40, 1340, 600, 1440), "title", price, (255, 255, 255),
+                    (177, 39, 4)),
+            Element("add_to_cart", (40, 1500, 1040, 1640), "button", "Add to cart", color,
+                    (255, 255, 255)),
+        ]
+    sy = 430 + off
+    els += [
+        Element("search_box", (40, sy, 870, sy + 120), "field",
+                state.typed if state.focus == "search_box"
+                else (p.query if p.kind == "shop_results" else f"Search {site.title}"),
+                (255, 255, 255)),
+        Element("mic", (870, sy, 1040, sy + 120), "mic", "", (255, 255, 255)),
+    ]
+    if p.kind == "shop_home":
+        for k in range(4):
+            r, c = divmod(k, 2)
+            x0, y0 = 40 + c * 510, sy + 200 + r * 520
+            els.append(Element(f"promo:{k}", (x0, y0, x0 + 490, y0 + 480), "tile",
+                               f"Deal {k + 1}", _tint((255, 244, 229), d, f"{site.key}{k}")))
+        return els
+    # shop_results
+    rows = [results_for(p.site, p.query or "")[i] for i in p.order]
+    return els + _list_items(state, sy + 160, rows, "result", color)
+
+
+def _google_rows(query: str) -> list[tuple[str, str]]:
+    site = site_from_domain(query)
+    rows = []
+    if site:
+        rows.append((f"{SITES[site].title} - Official Site", SITES[site].domain))
+    for i in range(N_RESULTS - len(rows)):
+        rows.append((f"{query} - result {i + 1}", f"www.answers.example/{i}"))
+    return rows
+
+
+def _product(p: Page) -> tuple[str, str]:
+    if p.query is None:  # a promo tile's deal
+        return (f"Deal of the day #{(p.item or 0) + 1}", "$19.99")
+    return results_for(p.site, p.query)[p.item or 0]
+
+
+def _overlay_elements(state: PhoneState) -> list[Element]:
+    if state.overlay == "popup":
+        p = state.page
+        title = ("Sign up for deals!" if p.site else
+                 "Before you continue" if p.app == "chrome" else "Allow notifications?")
+        return [
+            Element("popup:box", (90, 700, 990, 1500), "modal", title, (255, 255, 255)),
+            Element("popup:close", (860, 720, 970, 830), "close", "X", (230, 230, 230)),
+            Element("popup:nothanks", (190, 1300, 890, 1430), "button", "No thanks",
+                    (60, 64, 67), (255, 255, 255)),
+        ]
+    if state.overlay == "consent":
+        return [
+            Element("consent:box", (0, 1800, WIDTH, HEIGHT), "sheet", "We use cookies",
+                    (250, 250, 250)),
+            Element("consent:accept", (60, 2060, 520, 2190), "button", "Accept all",
+                    (26, 115, 232), (255, 255, 255)),
+            Element("consent:reject", (560, 2060, 1020, 2190), "button", "Reject all",
+                    (230, 230, 230)),
+        ]
+    if state.overlay == "voice":
+        return [
+            Element("voice:box", (0, STATUS_H, WIDTH, HEIGHT), "voice", "Listening...",
+                    (32, 33, 36), (255, 255, 255)),
+            Element("voice:cancel", (30, 110, 170, 250), "close", "X", (60, 64, 67),
+                    (255, 255, 255)),
+        ]
+    return []
+
+
+def layout(state: PhoneState) -> list[Element]:
+    """Every element on screen, bottom to top (the last drawn is the first hit)."""
+    if state.loading:
+        return _status_bar()
+    els = _status_bar() + _page_elements(state)
+    if state.focus:
+        els.append(Element("keyboard", (0, KEYBOARD_TOP, WIDTH, HEIGHT), "keyboard", "",
+                           (232, 234, 237)))
+    return els + _overlay_elements(state)
+
+
+def hit_test(state: PhoneState, x: float, y: float) -> Element | None:
+    """The topmost element under (x, y). A modal (pop-up, voice input) absorbs every tap."""
+    els = layout(state)
+    modal = state.overlay in ("popup", "voice")
+    for el in reversed(els):
+        if el.contains(x, y):
+            return el
+        if modal and el.kind in ("modal", "voice"):
+            return el  # taps outside the dialog land on its dimmed backdrop
+    return None
+
+
+def find(state: PhoneState, element_id: str) -> Element | None:
+    for el in layout(state):
+        if el.id == element_id:
+            return el
+    return None
+
+
+# ---------------------------------------------------------------------------------------
+# Transitions
+# ---------------------------------------------------------------------------------------
+def _goto(state: PhoneState, page: Page, rng: np.random.Generator | None,
+          sur: Surprises) -> PhoneState:
+    """Navigate: push the current page, draw the surprises of a page load."""
+    def draw(p: float) -> bool:
+        return rng is not None and p > 0 and rng.random() < p
+
+    if page.kind == "shop_results" and draw(sur.reorder):
+        page = replace(page, order=tuple(int(i) for i in rng.permutation(N_RESULTS)))
+    overlay = None
+    seen = state.sites_seen
+    if page.site and page.site not in seen:
+        seen = seen + (page.site,)
+        if draw(sur.consent):
+            overlay = "consent"
+    if page.kind != "launcher" and overlay is None and draw(sur.popup):
+        overlay = "popup"
+    loading = page.app == "chrome" and draw(sur.blank)
+    return replace(state, page=page, history=state.history + (state.page,), focus=None,
+                   typed="", overlay=overlay, loading=loading, sites_seen=seen)
+
+
+def _focus(state: PhoneState, field_id: str, rng, sur: Surprises) -> PhoneState:
+    if rng is not None and sur.voice > 0 and rng.random() < sur.voice:
+        return replace(state, overlay="voice", focus=None)
+    return replace(state, focus=field_id, typed="")
+
+
+def _submit(state: PhoneState, rng, sur: Surprises) -> PhoneState:
+    text = state.typed.strip()
+    p = state.page
+    if not text:
+        return state
+    if state.focus == "address_bar":
+        site = site_from_domain(text)
+        if site:
+            return _goto(state, Page("chrome", "shop_home", site=site), rng, sur)
+        return _goto(state, Page("chrome", "google_results", query=text), rng, sur)
+    if state.focus == "search_box":
+        if p.site:
+            order = tuple(range(N_RESULTS))
+            return _goto(state, Page("chrome", "shop_results", site=p.site, query=text,
+                                     order=order), rng, sur)
+        return _goto(state, Page("chrome", "google_results", query=text), rng, sur)
+    return state
+
+
+def _tap(state: PhoneState, x: float, y: float, rng, sur: Surprises) -> PhoneState:
+    el = hit_test(state, x, y)
+    if el is None:
+        return replace(state, focus=None) if state.focus else state
+    eid = el.id
+    p = state.page
+    if eid in ("popup:close", "popup:nothanks", "consent:accept", "consent:reject",
+               "voice:cancel"):
+        return replace(state, overlay=None)
+    if el.kind in ("modal", "voice", "keyboard", "sheet"):
+        return state
+    if eid.startswith("icon:"):
+        key = eid.split(":", 1)[1]
+        page = Page("chrome", "google_home") if key == "chrome" else Page(key, "app_home")
+        return _goto(state, page, rng, sur)
+    if eid == "widget:search":
+        s = _goto(state, Page("chrome", "google_home"), rng, sur)
+        return s if (s.overlay or s.loading) else _focus(s, "search_box", rng, sur)
+    if eid in ("widget:mic", "mic"):
+        return replace(state, overlay="voice", focus=None)
+    if eid == "address_bar":
+        return replace(state, focus="address_bar", typed="")
+    if eid == "search_box":
+        return _focus(state, "search_box", rng, sur)
+    if eid.startswith("result:"):
+        slot = int(eid.split(":", 1)[1])
+        if p.kind == "shop_results":
+            return _goto(state, Page("chrome", "shop_product", site=p.site, query=p.query,
+                                     item=p.order[slot], order=p.order), rng, sur)
+        site = site_from_domain(p.query or "")
+        if site and slot == 0:
+            return _goto(state, Page("chrome", "shop_home", site=site), rng, sur)
+        return _goto(state, Page("chrome", "web_result", query=p.query, item=slot), rng, sur)
+    if eid.startswith("promo:"):
+        k = int(eid.split(":", 1)[1])
+        return _goto(state, Page("chrome", "shop_product", site=p.site, item=k), rng, sur)
+    return replace(state, focus=None) if state.focus else state
+
+
+def _back(state: PhoneState) -> PhoneState:
+    if state.overlay in ("voice", "popup"):
+        return replace(state, overlay=None)
+    if state.focus:
+        return replace(state, focus=None, typed="")
+    if state.history:
+        return replace(state, page=state.history[-1], history=state.history[:-1],
+                       overlay=None, loading=False)
+    return state
+
+
+def transition(
+    state: PhoneState, gesture: Gesture, rng: np.random.Generator | None = None,
+    surprises: Surprises | None = None,
+) -> PhoneState:
+    """The state after ``gesture``. ``rng=None`` (or ``Surprises.none()``) means no surprise.
+
+    A page that is still loading (blank) swallows every gesture but HOME; the page then
+    appears. Invalid actions and stop actions change nothing.
+    """
+    sur = surprises or Surprises()
+    if gesture.kind == "key" and gesture.keycode == KEYCODE_HOME:
+        return PhoneState(day=state.day, sites_seen=state.sites_seen)
+    if state.loading:
+        return replace(state, loading=False)
+    if gesture.kind == "tap":
+        return _tap(state, gesture.start[0], gesture.start[1], rng, sur)
+    if gesture.kind == "swipe":
+        (x0, y0), (x1, y1) = gesture.start, gesture.end
+        if abs(y1 - y0) < abs(x1 - x0) or state.overlay in ("popup", "voice"):
+            return state
+        ms = max_scroll(state)
+        if ms == 0:
+            return state
+        scroll = int(min(max(state.page.scroll + (y0 - y1), 0), ms))
+        return replace(state, page=replace(state.page, scroll=scroll))
+    if gesture.kind == "type":
+        if state.focus is None or state.overlay in ("popup", "voice"):
+            return state
+        return replace(state, typed=state.typed + (gesture.text or ""))
+    if gesture.kind == "key" and gesture.keycode == KEYCODE_ENTER:
+        if state.focus is None or state.overlay in ("popup", "voice"):
+            return state
+        return _submit(state, rng, sur)
+    if gesture.kind == "back":
+        return _back(state)
+    return state  # "stop" and "invalid": the screen does not change
+
+
+def surprises_between(before: PhoneState, after: PhoneState) -> list[str]:
+    """The surprises that appeared in one transition (for logs and failure analysis)."""
+    out = []
+    if after.overlay and after.overlay != before.overlay:
+        out.append(after.overlay)
+    if after.loading and not before.loading:
+        out.append("blank")
+    p = after.page
+    if (p.kind == "shop_results" and p != before.page and p.order
+            and p.order != tuple(range(len(p.order)))):
+        out.append("reorder")
+    return out
+
+
+# ---------------------------------------------------------------------------------------
+# Ground truth
+# ---------------------------------------------------------------------------------------
+def is_success(state: PhoneState, task: Task) -> bool:
+    """The task's success predicate on the simulator's state, as seen on screen.
+
+    Web Shopping: level 1, any page of the right site; level 2, that site's results for the
+    task's query; level 3, the product page of the first entry of those results (as
+    displayed). Search: Google's results for the query, or a result opened from them. Open
+    app: that app in the foreground. Nothing counts while a pop-up, voice input or a blank
+    page hides the screen.
+    """
+    from digirl_lite.envs.sim.tasks import normalize_query
+
+    if state.loading or state.overlay in ("popup", "voice"):
+        return False
+    p = state.page
+    if task.kind == "open_app":
+        return p.app == task.app
+    if task.kind == "search":
+        return (p.kind in ("google_results", "web_result")
+                and normalize_query(p.query or "") == normalize_query(task.query or ""))
+    if task.kind == "webshop":
+        if p.site != task.site:
+            return False
+        if task.level == 1:
+            return True
+        same_query = normalize_query(p.query or "") == normalize_query(task.query or "")
+        if task.level == 2:
+            return p.kind == "shop_results" and same_query
+        return (p.kind == "shop_product" and same_query and bool(p.order)
+                and p.item == p.order[0])
+    raise ValueError(f"unknown task kind {task.kind!r}")

@@ -1,0 +1,87 @@
+"""The judge interface (spec/DIGIRL.md section 4) and the simulator's oracle.
+
+A judge looks at a task, the previous and the current screenshot (and, if it wants, the
+history) and returns a :class:`JudgeResult`: success, failure, or *unjudged* (no call was
+possible, or the reply could not be read). An unjudged step is never a silent reward of 0:
+trajectories that carry one are marked and, by default, kept out of training.
+
+Judges hold per-device state (the reference code's change and seen-recently guards), so
+each environment owns its own judge object; :meth:`Judge.reset` starts a new episode.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+from digirl_lite.data.records import Verdict
+
+if TYPE_CHECKING:  # pragma: no cover
+    from PIL import Image
+
+__all__ = ["JudgeResult", "Judge", "OracleJudge"]
+
+
+@dataclass(frozen=True)
+class JudgeResult:
+    """One verdict and what it cost.
+
+    Attributes:
+        verdict: success / failure / unjudged.
+        reply: the judge's reply text (None for judges that do not write one).
+        skipped: why no call was made (a guard fired), else None.
+        calls: API calls made (retries included).
+        tokens: tokens billed, where the backend reports them.
+        latency_s: wall-clock seconds spent.
+    """
+
+    verdict: Verdict
+    reply: str | None = None
+    skipped: str | None = None
+    calls: int = 0
+    tokens: int | None = None
+    latency_s: float = 0.0
+
+    @property
+    def reward(self) -> float:
+        """1 for success, else 0. Check ``verdict`` for UNJUDGED before using it as a label."""
+        return 1.0 if self.verdict is Verdict.SUCCESS else 0.0
+
+
+@runtime_checkable
+class Judge(Protocol):
+    """What an environment calls after every step."""
+
+    def judge(
+        self, task: str, prev: Image.Image | None, cur: Image.Image, *,
+        history: list[str] | None = None, state: Any = None,
+    ) -> JudgeResult: ...
+
+    def reset(self) -> None: ...
+
+
+class OracleJudge:
+    """The simulator's ground truth: reads the task's success predicate on the state.
+
+    It sees the simulator's state, not the screenshots, so it is exact and free. Other
+    environments have no state to give it: it then raises, naming what it needs.
+    """
+
+    def __init__(self, rng_seed: int | None = None) -> None:
+        del rng_seed  # same signature as the noisy oracle of the judge issue
+
+    def reset(self) -> None:
+        pass
+
+    def judge(self, task, prev, cur, *, history=None, state=None) -> JudgeResult:
+        from digirl_lite.envs.sim.tasks import Task, parse_task
+        from digirl_lite.envs.sim.world import PhoneState, is_success
+
+        if not isinstance(state, PhoneState):
+            raise TypeError("OracleJudge needs the simulator's state (state=PhoneState); "
+                            "use a VLM judge for other environments")
+        t = task if isinstance(task, Task) else parse_task(task)
+        ok = is_success(state, t)
+        return JudgeResult(Verdict.SUCCESS if ok else Verdict.FAILURE,
+                           reply="Status: success" if ok else "Status: failure")
+
