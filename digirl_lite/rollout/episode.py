@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from PIL import Image
@@ -51,11 +52,13 @@ def run_episode(
     iteration: int = -1,
     record_size: tuple[int, int] | None = RECORD_SIZE,
     seeds: dict[str, int] | None = None,
+    on_step: Callable[[dict], None] | None = None,
 ) -> Trajectory:
     """Play one episode; every screen it shows goes into ``screens`` (once).
 
     The agent's exceptions propagate (a bug in the agent is not the environment's fault);
     the environment's own faults arrive as truncations and end up as INFRA trajectories.
+    ``on_step`` receives each step's ``info`` (for logs and statistics).
     """
     obs, info = env.reset(task=task, seed=seed)
     task_text = obs.task
@@ -67,6 +70,8 @@ def run_episode(
         policy_s = time.perf_counter() - t0
         sid = _record_screen(screens, obs, record_size)
         nobs, reward, terminated, truncated, info = env.step(text)
+        if on_step is not None:
+            on_step(info)
         nsid = _record_screen(screens, nobs, record_size)
         verdict = info.get("verdict")
         timings = {"policy_s": policy_s, **info.get("timings", {})}

@@ -141,26 +141,44 @@ def _h(*parts: object) -> int:
     return int.from_bytes(hashlib.blake2b(repr(parts).encode(), digest_size=8).digest(), "big")
 
 
+DRIFT_FIRST_DAY, DRIFT_LAST_DAY = 2, 14
+
+
+def drift_day(where: str) -> int:
+    """The day ``where`` (the launcher, Google, a shop, an app) is first redesigned.
+
+    Spread over days 2..14 by a fixed hash, so a policy frozen on day 1 loses one part of
+    the phone after another, not everything at once (the paper's slow decay, Figure 3).
+    """
+    return DRIFT_FIRST_DAY + _h("drift-day", where) % (DRIFT_LAST_DAY - DRIFT_FIRST_DAY + 1)
+
+
 def drift_offset(day: int, where: str) -> int:
-    """How far (px, downwards) ``where``'s main elements moved by ``day`` (0 on day 1)."""
-    if day <= 1:
+    """How far (px, downwards) ``where``'s main elements moved by ``day`` (0 before its
+    redesign day; 80..200 px after, changing every few days)."""
+    start = drift_day(where)
+    if day < start:
         return 0
-    return (_h("drift", where, day) % 7) * 40  # 0..240 px, new every day
+    return 80 + 40 * ((_h("drift", where) + (day - start) // 3) % 4)
 
 
 def _tint(color: tuple[int, int, int], day: int, where: str) -> tuple[int, int, int]:
-    if day <= 1:
+    if day < drift_day(where):
         return color
-    k = _h("tint", where, day) % 3
+    k = 1 + _h("tint", where) % 2
     return tuple(color[(i + k) % 3] for i in range(3))  # type: ignore[return-value]
 
 
 def launcher_order(day: int) -> list[str]:
+    """Icon order: after the launcher's redesign day, two pairs of icons swap places."""
     apps = list(APPS)
-    if day <= 1:
+    if day < drift_day("launcher"):
         return apps
-    k = _h("launcher", day) % len(apps)
-    return apps[k:] + apps[:k]
+    n = len(apps)
+    for k in range(2):
+        i, j = _h("swap", k, "i") % n, _h("swap", k, "j") % n
+        apps[i], apps[j] = apps[j], apps[i]
+    return apps
 
 
 _SUFFIXES = ("", " - Renewed", " Case", " Bundle", " 2-Pack", " Charger", " (Open Box)",
@@ -245,7 +263,7 @@ def _page_elements(state: PhoneState) -> list[Element]:
             app = APPS[key]
             els.append(Element(f"icon:{key}", (x0 + 20, y0, x0 + 240, y0 + 260), "icon",
                                app.label, _tint(app.color, d, key)))
-        wy = 1960 - off // 2
+        wy = 1960 - drift_offset(d, "search_widget") * 2
         els.append(Element("widget:search", (60, wy, 880, wy + 130), "field", "Search",
                            (255, 255, 255)))
         els.append(Element("widget:mic", (880, wy, 1020, wy + 130), "mic", "", (255, 255, 255)))
