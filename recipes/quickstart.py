@@ -1,10 +1,11 @@
-"""Quickstart: what digirl_lite can run today (issue 2: the foundation).
+"""Quickstart: what digirl_lite can run today (the foundation and the simulated phone).
 
-Builds a seeded synthetic pile, stores it (HF datasets on disk), reads it back, exports it to
-Parquet and to the reference code's layout, and applies the paper's instruction filter
-(Eq. 4.4) with a tabular instruction critic (each task's success rate in the pile) and the
-Filtered BC filter. The main job (offline phase + online iterations on the simulated phone)
-replaces this recipe when the trainer lands (issue 6).
+Collects a seeded pile of attempts on the built-in simulated phone (the copier of clean
+demonstrations, scored by the oracle judge), stores it (HF datasets on disk), reads it back,
+exports it to Parquet and to the reference code's layout, and applies the paper's
+instruction filter (Eq. 4.4) with a tabular instruction critic (each task's success rate in
+the pile) and the Filtered BC filter. The main job (offline phase + online iterations)
+replaces this recipe when the trainer lands.
 
     python recipes/quickstart.py --out runs/quickstart --n 528
 """
@@ -22,26 +23,27 @@ import numpy as np
 from digirl_lite import filters
 from digirl_lite.data import ReplayBuffer, TrajectoryStore, load_trajectories
 from digirl_lite.data.released import export_released
-from digirl_lite.data.synthetic import random_pile
+from digirl_lite.envs.sim.pile import generate_pile
 
 
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default="runs/quickstart", help="output folder (made if absent)")
     ap.add_argument("--n", type=int, default=528, help="trajectories (528: Web Shopping pile)")
-    ap.add_argument("--horizon", type=int, default=20, help="step budget H")
+    ap.add_argument("--world", choices=["webshop", "general"], default="webshop")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
 
     out = Path(args.out)
     t0 = time.perf_counter()
-    trajs, screens = random_pile(args.n, seed=args.seed, horizon=args.horizon)
-    store_dir = out / f"store-seed{args.seed}"
+    trajs, screens, _ = generate_pile(args.world, n=args.n, seed=args.seed)
+    store_dir = out / f"pile-{args.world}-n{args.n}-seed{args.seed}"
     store = TrajectoryStore.create(store_dir, screens.feature_dim, exist_ok=True)
     if len(store) == 0:
         store.append(trajs, screens)
     loaded, loaded_screens = load_trajectories(store_dir)
-    assert loaded == trajs, "the store did not give back what was written"
+    if [t.traj_id for t in loaded] != [t.traj_id for t in trajs]:
+        raise SystemExit(f"{store_dir} holds another pile; remove it or pick another --out")
     store.export_parquet(out / "parquet")
     export_released(loaded, loaded_screens, out / "released_layout.pt")
 

@@ -54,7 +54,7 @@ def test_readme_has_exactly_two_commands_and_ci_runs_the_test_one():
 def test_quickstart_recipe_runs(tmp_path):
     out = subprocess.run(
         [sys.executable, str(ROOT / "recipes" / "quickstart.py"), "--out", str(tmp_path),
-         "--n", "40", "--horizon", "10"],
+         "--n", "40", "--world", "general"],
         capture_output=True, text=True, timeout=300,
     )
     assert out.returncode == 0, out.stderr[-2000:]

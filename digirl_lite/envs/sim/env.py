@@ -15,7 +15,7 @@ from digirl_lite.actions import Action, format_action, parse_action, to_gesture
 from digirl_lite.data.records import Verdict
 from digirl_lite.envs.base import TRUNCATION_BUDGET, TRUNCATION_INFRA, Observation
 from digirl_lite.envs.sim.render import Renderer, blank_screen, screen_key
-from digirl_lite.envs.sim.tasks import Task, load_tasks, parse_task
+from digirl_lite.envs.sim.tasks import Task, UnsupportedTaskError, load_tasks, parse_task
 from digirl_lite.envs.sim.world import (
     HEIGHT,
     WIDTH,
@@ -94,6 +94,8 @@ class SimPhoneEnv:
         seed: seeds task draws, surprises and faults; ``reset(seed=...)`` reseeds.
         width, height: screenshot size (1080 x 2280 as on the paper's emulators).
         render_cache: screens kept drawn (each full-size screen is ~7 MB).
+        skip_unsupported: drop the instructions of a task file that the simulator cannot
+            model (e.g. the AitW General list's "Install ..." lines) instead of raising.
     """
 
     def __init__(
@@ -108,10 +110,11 @@ class SimPhoneEnv:
         width: int = WIDTH,
         height: int = HEIGHT,
         render_cache: int = 32,
+        skip_unsupported: bool = False,
     ) -> None:
         if horizon is not None and horizon <= 0:
             raise ValueError(f"horizon must be positive, got {horizon}")
-        self.tasks = self._load_task_list(tasks)
+        self.tasks = self._load_task_list(tasks, skip_unsupported)
         self._fixed_horizon = horizon
         self.day = day
         self.surprises = _coerce(Surprises, surprises)
@@ -129,7 +132,7 @@ class SimPhoneEnv:
 
     # -- tasks --------------------------------------------------------------------------
     @staticmethod
-    def _load_task_list(tasks) -> list[Task]:
+    def _load_task_list(tasks, skip_unsupported: bool = False) -> list[Task]:
         if isinstance(tasks, (str, Path)):
             name = str(tasks)
             if name in TASK_SETS or name in tuple(f"{s}_test" for s in TASK_SETS):
@@ -139,9 +142,15 @@ class SimPhoneEnv:
                 path = Path(name)
             if not path.is_file():
                 raise FileNotFoundError(f"task list {path} does not exist")
-            out = load_tasks(path)
+            out = load_tasks(path, skip_unsupported=skip_unsupported)
         else:
-            out = [t if isinstance(t, Task) else parse_task(t) for t in tasks]
+            out = []
+            for t in tasks:
+                try:
+                    out.append(t if isinstance(t, Task) else parse_task(t))
+                except UnsupportedTaskError:
+                    if not skip_unsupported:
+                        raise
         if not out:
             raise ValueError("the task list is empty")
         return out

@@ -1,0 +1,84 @@
+"""The stored pile and the demonstrations: deterministic from a seed, and what they hold."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from digirl_lite.data import Ending, load_trajectories
+from digirl_lite.envs.sim import SimPhoneEnv
+from digirl_lite.envs.sim.pile import generate_demos, generate_pile
+from digirl_lite.rollout import RECORD_SIZE
+
+ROOT = Path(__file__).resolve().parents[1]
+AITW = ROOT.parent / "shared" / "data" / "aitw_tasks"
+
+
+def _content(trajs):
+    """Everything but wall-clock timings."""
+    return [(t.traj_id, t.task, t.ending, t.final_reward, t.seeds,
+             [(s.prompt, s.action_text, s.reward, s.done, s.screen_id, s.next_screen_id,
+               s.mc_return, s.verdict) for s in t.steps]) for t in trajs]
+
+
+def test_pile_is_deterministic_in_its_seed():
+    a, sa, stats_a = generate_pile("webshop", n=16, seed=3)
+    b, sb, _ = generate_pile("webshop", n=16, seed=3)
+    assert _content(a) == _content(b)
+    assert sa.ids == sb.ids
+    c, _, _ = generate_pile("webshop", n=16, seed=4)
+    assert [t.steps for t in c] != [t.steps for t in a]
+    assert stats_a.trajectories == 16
+    assert stats_a.steps == sum(len(t) for t in a)
+    assert all(t.source.value == "offline" and t.horizon == 20 for t in a)
+    assert {t.ending for t in a} <= {Ending.SUCCESS, Ending.AGENT_STOP, Ending.BUDGET}
+
+
+def test_pile_failures_come_mostly_from_surprises():
+    trajs, _, stats = generate_pile("webshop", n=60, seed=0)
+    failures = sum(not t.is_success for t in trajs)
+    assert 0.05 <= stats.success_rate <= 0.35
+    # the copier fails by not recovering from pop-ups and voice input, as in the paper
+    assert stats.failures_after_surprise > 0.7 * failures
+    assert stats.surprises_seen.get("popup", 0) > 0
+
+
+def test_demos_are_clean_expert_successes():
+    trajs, screens, stats = generate_demos("general", n=12, seed=1)
+    assert stats.success_rate == 1.0 and stats.surprises_seen == {}
+    assert all(t.is_success and t.horizon == 10 for t in trajs)
+    for sid in screens.ids:
+        assert screens.image(sid).size == RECORD_SIZE
+
+
+def test_make_pile_recipe_writes_loadable_stores(tmp_path, monkeypatch):
+    sys.path.insert(0, str(ROOT / "recipes"))
+    try:
+        import make_pile
+    finally:
+        sys.path.pop(0)
+    report = make_pile.main(["--world", "general", "--n", "10", "--demos", "5", "--seed", "2",
+                             "--out", str(tmp_path)])
+    root = tmp_path / "general-seed2"
+    pile, _ = load_trajectories(root / "pile")
+    demos, _ = load_trajectories(root / "demos")
+    assert len(pile) == 10 and len(demos) == 5
+    assert _content(pile) == _content(generate_pile("general", n=10, seed=2)[0])
+    assert json.loads((root / "stats.json").read_text())["pile"]["trajectories"] == 10
+    assert report["demos"]["success_rate"] == 1.0
+    with pytest.raises(SystemExit, match="already exists"):
+        make_pile.main(["--world", "general", "--n", "10", "--demos", "5", "--seed", "2",
+                        "--out", str(tmp_path)])
+
+
+@pytest.mark.skipif(not AITW.is_dir(), reason="shared/data/aitw_tasks is not beside the repo")
+def test_real_aitw_lists_run_in_the_simulator():
+    env = SimPhoneEnv(AITW / "webshop_test.txt")
+    assert len(env.tasks) == 360
+    general = SimPhoneEnv(AITW / "general_test.txt", skip_unsupported=True)
+    assert 0.75 * 432 <= len(general.tasks) < 432
+    obs, info = env.reset(seed=0)
+    assert obs.task in {t.text for t in env.tasks}
