@@ -73,9 +73,15 @@ def _draw(d: ImageDraw.ImageDraw, el: Element) -> None:
     elif k == "row":
         d.rectangle(el.box, fill=el.color)
         title, _, sub = el.label.partition("\n")
-        d.rectangle((x0 + 20, y0 + 20, x0 + 220, min(y1 - 20, y0 + 220)), fill=(220, 223, 228))
-        d.text((x0 + 250, y0 + 60), title[:34], font=_font(42), fill=el.text_color, anchor="lm")
-        d.text((x0 + 250, y0 + 140), sub, font=_font(38), fill=(60, 64, 67), anchor="lm")
+        # A row cut by the top of the list or the keyboard shows only what fits.
+        if y1 - y0 > 40:
+            d.rectangle((x0 + 20, y0 + 20, x0 + 220, min(y1 - 20, y0 + 220)),
+                        fill=(220, 223, 228))
+        if y1 - y0 > 90:
+            d.text((x0 + 250, y0 + 60), title[:34], font=_font(42), fill=el.text_color,
+                   anchor="lm")
+        if y1 - y0 > 170:
+            d.text((x0 + 250, y0 + 140), sub, font=_font(38), fill=(60, 64, 67), anchor="lm")
     elif k in ("tile", "image"):
         d.rounded_rectangle(el.box, radius=24, fill=el.color)
         if el.label:

@@ -48,7 +48,7 @@ class Surprises:
     """Probabilities of the surprises, each drawn from the environment's seeded generator.
 
     Defaults are tuned so that the copier of clean demonstrations (``agents.Copier`` at its
-    default slip rate) succeeds on about 18% of Web Shopping and 22% of General test tasks,
+    default slip rate) succeeds on about 15% of Web Shopping and 18% of General test tasks,
     failing mostly by not recovering from pop-ups and voice input, as the paper's AutoUI
     copier does (17.7% Web Shopping, 14.6% General).
     """
@@ -286,6 +286,9 @@ def _page_elements(state: PhoneState) -> list[Element]:
                     state.typed if state.focus == "search_box" else "Search",
                     (255, 255, 255)),
             Element("mic", (870, 800 + off, 1000, 930 + off), "mic", "", (255, 255, 255)),
+            # the news feed under the search box (keeps a loaded page from reading as blank)
+            Element("feed", (40, 1080 + off, 1040, 2240), "card", "Top stories",
+                    (232, 234, 237)),
         ]
         return els
     if p.kind == "google_results":
@@ -301,8 +304,8 @@ def _page_elements(state: PhoneState) -> list[Element]:
         title = _google_rows(p.query or "")[p.item or 0][0]
         return els + [
             Element("article_title", (40, 280, 1040, 420), "title", title, (255, 255, 255)),
-            Element("article_body", (40, 440, 1040, 1400), "card",
-                    f"Everything about {p.query}.", (248, 249, 250)),
+            Element("article_body", (40, 440, 1040, 2240), "card",
+                    f"Everything about {p.query}.", (232, 234, 237)),
         ]
     site = SITES[p.site or "costco"]
     color = _tint(site.color, d, site.key)
