@@ -51,6 +51,7 @@ def test_readme_has_exactly_two_commands_and_ci_runs_the_test_one():
     assert script and (ROOT / script.group(1)).is_file()
 
 
+@pytest.mark.slow
 def test_quickstart_recipe_runs(tmp_path):
     out = subprocess.run(
         [sys.executable, str(ROOT / "recipes" / "quickstart.py"), "--out", str(tmp_path),

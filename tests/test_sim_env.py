@@ -396,6 +396,7 @@ def _check_success_trajectory(traj: Trajectory, screens: ScreenTable, task: Task
         assert s.screen_id in screens and s.next_screen_id in screens
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("task_set", ["webshop_test", "general_test"])
 def test_expert_solves_every_test_task_without_surprises(task_set):
     env = SimPhoneEnv(task_set, surprises=NONE)
@@ -426,6 +427,7 @@ def test_expert_without_surprises_takes_the_clean_path():
         assert len(steps) == CLEAN_STEPS[task.level], task.text
 
 
+@pytest.mark.slow
 def test_expert_with_default_surprises_on_webshop_test():
     env = SimPhoneEnv("webshop_test")
     screens = ScreenTable()

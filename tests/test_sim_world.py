@@ -625,6 +625,7 @@ def test_loaded_pages_do_not_trip_the_blank_guard():
     assert not over
 
 
+@pytest.mark.slow
 def test_results_render_at_every_scroll():
     r = Renderer(cache_size=0)
     for page in (Page("chrome", "google_results", query="tv"),
