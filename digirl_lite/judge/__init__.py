@@ -1,5 +1,34 @@
-"""Judges: the interface, the simulator's oracle (VLM judges arrive with the judge issue)."""
+"""Judges: the interface, the paper's VLM evaluator and its backends, the simulator's oracle
+(exact and noisy), the guards, and calibration against labels.
 
-from digirl_lite.judge.base import Judge, JudgeResult, OracleJudge
+Backends import their clients (``google-genai``, ``openai``: the ``judge`` extra) only when
+used.
+"""
 
-__all__ = ["Judge", "JudgeResult", "OracleJudge"]
+from digirl_lite.judge.backends import (
+    Backend,
+    BackendError,
+    BackendReply,
+    GeminiBackend,
+    OpenAIBackend,
+)
+from digirl_lite.judge.base import Judge, JudgeResult, NoisyOracleJudge, OracleJudge
+from digirl_lite.judge.calibration import calibrate, wilson_interval
+from digirl_lite.judge.factory import make_judge
+from digirl_lite.judge.guards import (
+    MSE_THRESHOLD,
+    GuardedJudge,
+    ScreenGuards,
+    is_blank,
+    screen_mse,
+    shrink,
+)
+from digirl_lite.judge.paper import FewShotExample, FewShotSet, PaperJudge, parse_status
+
+__all__ = [
+    "Backend", "BackendError", "BackendReply", "GeminiBackend", "OpenAIBackend",
+    "Judge", "JudgeResult", "NoisyOracleJudge", "OracleJudge",
+    "calibrate", "wilson_interval", "make_judge",
+    "MSE_THRESHOLD", "GuardedJudge", "ScreenGuards", "is_blank", "screen_mse", "shrink",
+    "FewShotExample", "FewShotSet", "PaperJudge", "parse_status",
+]

@@ -11,6 +11,7 @@ each environment owns its own judge object; :meth:`Judge.reset` starts a new epi
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -19,7 +20,7 @@ from digirl_lite.data.records import Verdict
 if TYPE_CHECKING:  # pragma: no cover
     from PIL import Image
 
-__all__ = ["JudgeResult", "Judge", "OracleJudge"]
+__all__ = ["JudgeResult", "Judge", "OracleJudge", "NoisyOracleJudge"]
 
 
 @dataclass(frozen=True)
@@ -85,3 +86,45 @@ class OracleJudge:
         return JudgeResult(Verdict.SUCCESS if ok else Verdict.FAILURE,
                            reply="Status: success" if ok else "Status: failure")
 
+
+
+class NoisyOracleJudge:
+    """The oracle with errors, to study what judge mistakes do to learning.
+
+    Each (task, screen) gets one fixed draw, as a VLM at temperature 0 answers the same
+    screen the same way: a true failure is called success with ``false_success_rate``, a
+    true success is called failure with ``false_failure_rate``. The paper's judge erred on
+    2.8% of trajectories on average; per step the errors compound over a trajectory's
+    screens (see the judge issue's note for the measured trajectory-level rates).
+    """
+
+    def __init__(self, false_success_rate: float = 0.028, false_failure_rate: float = 0.028,
+                 seed: int = 0) -> None:
+        for name, p in (("false_success_rate", false_success_rate),
+                        ("false_failure_rate", false_failure_rate)):
+            if not 0.0 <= p <= 1.0:
+                raise ValueError(f"{name} must be in [0, 1], got {p}")
+        self.false_success_rate = false_success_rate
+        self.false_failure_rate = false_failure_rate
+        self.seed = seed
+        self._oracle = OracleJudge()
+        self.flips = 0
+
+    def reset(self) -> None:
+        pass
+
+    def config(self) -> dict:
+        return {"judge": "noisy_oracle", "false_success_rate": self.false_success_rate,
+                "false_failure_rate": self.false_failure_rate, "seed": self.seed}
+
+    def judge(self, task, prev, cur, *, history=None, state=None) -> JudgeResult:
+        truth = self._oracle.judge(task, prev, cur, state=state).verdict
+        task_text = getattr(task, "text", task)
+        h = hashlib.blake2b(repr((self.seed, task_text, state)).encode(), digest_size=8)
+        u = int.from_bytes(h.digest(), "big") / 2.0**64
+        p = self.false_failure_rate if truth is Verdict.SUCCESS else self.false_success_rate
+        verdict = truth
+        if u < p:
+            verdict = Verdict.FAILURE if truth is Verdict.SUCCESS else Verdict.SUCCESS
+            self.flips += 1
+        return JudgeResult(verdict, reply=f"Status: {verdict.value}")

@@ -603,3 +603,37 @@ def is_success(state: PhoneState, task: Task) -> bool:
         return (p.kind == "shop_product" and same_query and bool(p.order)
                 and p.item == p.order[0])
     raise ValueError(f"unknown task kind {task.kind!r}")
+
+
+def describe(state: PhoneState) -> str:
+    """What the screen shows, in words (for few-shot answers and logs)."""
+    if state.loading:
+        return "a blank white page that has not loaded yet"
+    p = state.page
+    if p.kind == "launcher":
+        what = "the phone's home screen with app icons"
+    elif p.kind == "app_home":
+        what = f"the {APPS[p.app].label} app"
+    elif p.kind == "google_home":
+        what = "the Google search page in Chrome"
+    elif p.kind == "google_results":
+        what = f"Google search results for '{p.query}'"
+    elif p.kind == "web_result":
+        what = f"a web page opened from the Google results for '{p.query}'"
+    else:
+        site = SITES[p.site].domain
+        if p.kind == "shop_home":
+            what = f"the {site} home page"
+        elif p.kind == "shop_results":
+            what = f"{site} search results for '{p.query}'"
+        else:
+            what = f"a product page on {site} ('{_product(p)[0]}')"
+    if state.overlay == "popup":
+        what += ", covered by a pop-up dialog"
+    elif state.overlay == "voice":
+        what = "the voice-input screen ('Listening...') over " + what
+    elif state.overlay == "consent":
+        what += ", with a cookie banner at the bottom"
+    if state.focus:
+        what += f", the keyboard open to type into the {state.focus.replace('_', ' ')}"
+    return what

@@ -1,0 +1,252 @@
+"""Scriptable local HTTP servers speaking the Gemini ``generateContent`` and the OpenAI chat
+completions protocols, for the judge-backend tests.
+
+Each server listens on 127.0.0.1 (an ephemeral port) in a daemon thread. A test plans its
+replies with :meth:`ScriptedServer.plan` (a status and a JSON body, raw bytes for a malformed
+body, or a delay that forces a client timeout); with no plan left, the server answers with its
+protocol's default well-formed reply. Every request is recorded (method, path, headers, raw
+and parsed body) for assertions.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+__all__ = ["Planned", "Recorded", "ScriptedServer", "GeminiServer", "OpenAIServer",
+           "gemini_reply", "openai_reply", "closed_port"]
+
+
+@dataclass
+class Planned:
+    """One planned response.
+
+    status: HTTP status; body: a JSON-able object, or ``bytes`` sent as-is (malformed bodies);
+    delay_s: seconds to wait before answering (longer than the client's timeout: a timeout);
+    content_type: the Content-Type header sent.
+    """
+
+    status: int = 200
+    body: Any = None
+    delay_s: float = 0.0
+    content_type: str = "application/json"
+
+
+@dataclass
+class Recorded:
+    method: str
+    path: str
+    headers: dict[str, str]
+    raw: bytes
+    json: Any = None
+
+    def header(self, name: str) -> str | None:
+        for k, v in self.headers.items():
+            if k.lower() == name.lower():
+                return v
+        return None
+
+
+def gemini_reply(text: str, prompt_tokens: int = 11, reply_tokens: int = 7) -> dict:
+    return {
+        "candidates": [{"content": {"role": "model", "parts": [{"text": text}]},
+                        "finishReason": "STOP", "index": 0}],
+        "usageMetadata": {"promptTokenCount": prompt_tokens,
+                          "candidatesTokenCount": reply_tokens,
+                          "totalTokenCount": prompt_tokens + reply_tokens},
+        "modelVersion": "gemini-test",
+    }
+
+
+def gemini_error(status: int, message: str = "planned error") -> dict:
+    names = {400: "INVALID_ARGUMENT", 401: "UNAUTHENTICATED", 403: "PERMISSION_DENIED",
+             404: "NOT_FOUND", 429: "RESOURCE_EXHAUSTED", 500: "INTERNAL",
+             503: "UNAVAILABLE"}
+    return {"error": {"code": status, "message": message,
+                      "status": names.get(status, "UNKNOWN")}}
+
+
+def openai_reply(text: str, prompt_tokens: int = 13, reply_tokens: int = 5,
+                 model: str = "qwen-vl") -> dict:
+    return {
+        "id": "chatcmpl-test", "object": "chat.completion", "created": 1700000000,
+        "model": model,
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
+                     "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": reply_tokens,
+                  "total_tokens": prompt_tokens + reply_tokens},
+    }
+
+
+def openai_error(status: int, message: str = "planned error") -> dict:
+    return {"error": {"message": message, "type": "planned_error", "param": None,
+                      "code": str(status)}}
+
+
+class ScriptedServer:
+    """A threaded HTTP server answering from a queue of planned responses."""
+
+    #: the answer when nothing is planned (a well-formed reply of the protocol)
+    default_text = "Q: q\nA: a\nStatus: success"
+
+    def __init__(self) -> None:
+        self.requests: list[Recorded] = []
+        self._plans: deque[Planned] = deque()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: Any) -> None:  # keep test output quiet
+                pass
+
+            def _handle(self) -> None:
+                n = int(self.headers.get("Content-Length") or 0)
+                raw = self.rfile.read(n) if n else b""
+                try:
+                    parsed = json.loads(raw) if raw else None
+                except ValueError:
+                    parsed = None
+                rec = Recorded(self.command, self.path, dict(self.headers.items()), raw, parsed)
+                with server._lock:
+                    server.requests.append(rec)
+                    plan = server._plans.popleft() if server._plans else None
+                if plan is None:
+                    plan = Planned(200, server.default_body(rec))
+                if plan.delay_s:
+                    # wake early when the server shuts down, so teardown stays fast
+                    server._stop.wait(plan.delay_s)
+                body = plan.body
+                if body is None:
+                    body = server.default_body(rec)
+                data = body if isinstance(body, bytes) else json.dumps(body).encode()
+                try:
+                    self.send_response(plan.status)
+                    self.send_header("Content-Type", plan.content_type)
+                    self.send_header("Content-Length", str(len(data)))
+                    self.end_headers()
+                    self.wfile.write(data)
+                except OSError:  # the client gave up (timeout) and closed the socket
+                    pass
+
+            do_POST = _handle
+            do_GET = _handle
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.httpd.timeout = 5
+        self._thread = threading.Thread(target=self.httpd.serve_forever,
+                                        kwargs={"poll_interval": 0.05}, daemon=True)
+
+    # -- protocol -------------------------------------------------------------------------
+    def default_body(self, rec: Recorded) -> Any:  # pragma: no cover - overridden
+        raise NotImplementedError
+
+    # -- scripting ------------------------------------------------------------------------
+    @property
+    def port(self) -> int:
+        return self.httpd.server_address[1]
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def plan(self, *plans: Planned) -> ScriptedServer:
+        with self._lock:
+            self._plans.extend(plans)
+        return self
+
+    def reply(self, text: str, **kw: Any) -> ScriptedServer:
+        return self.plan(Planned(200, self.reply_body(text, **kw)))
+
+    def error(self, status: int, message: str = "planned error") -> ScriptedServer:
+        return self.plan(Planned(status, self.error_body(status, message)))
+
+    def sleep(self, seconds: float) -> ScriptedServer:
+        return self.plan(Planned(200, None, delay_s=seconds))
+
+    def malformed(self, data: bytes = b"{not json",
+                  content_type: str = "application/json") -> ScriptedServer:
+        return self.plan(Planned(200, data, content_type=content_type))
+
+    def reply_body(self, text: str, **kw: Any) -> Any:  # pragma: no cover - overridden
+        raise NotImplementedError
+
+    def error_body(self, status: int, message: str) -> Any:  # pragma: no cover
+        raise NotImplementedError
+
+    @property
+    def pending(self) -> int:
+        with self._lock:
+            return len(self._plans)
+
+    @property
+    def count(self) -> int:
+        with self._lock:
+            return len(self.requests)
+
+    # -- lifecycle ------------------------------------------------------------------------
+    def start(self) -> ScriptedServer:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self.httpd.shutdown()
+        self.httpd.server_close()
+        self._thread.join(timeout=5)
+
+    def __enter__(self) -> ScriptedServer:
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+
+class GeminiServer(ScriptedServer):
+    def default_body(self, rec: Recorded) -> Any:
+        return gemini_reply(self.default_text)
+
+    def reply_body(self, text: str, **kw: Any) -> Any:
+        return gemini_reply(text, **kw)
+
+    def error_body(self, status: int, message: str) -> Any:
+        return gemini_error(status, message)
+
+
+class OpenAIServer(ScriptedServer):
+    def default_body(self, rec: Recorded) -> Any:
+        return openai_reply(self.default_text)
+
+    def reply_body(self, text: str, **kw: Any) -> Any:
+        return openai_reply(text, **kw)
+
+    def error_body(self, status: int, message: str) -> Any:
+        return openai_error(status, message)
+
+
+def closed_port() -> int:
+    """A port on 127.0.0.1 that nothing listens on (bound, then released)."""
+    import socket
+
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def wait_until(pred, timeout_s: float = 2.0) -> bool:
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        if pred():
+            return True
+        time.sleep(0.01)
+    return pred()
