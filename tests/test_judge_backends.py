@@ -348,15 +348,7 @@ def test_closed_port_is_retryable(case):
     assert ei.value.retryable is True and ei.value.status is None
 
 
-@pytest.mark.parametrize("kind", [
-    "gemini",
-    pytest.param("openai", marks=pytest.mark.xfail(
-        strict=True, raises=json.JSONDecodeError, reason=(
-        "BUG digirl_lite/judge/backends.py OpenAIBackend.generate catches only "
-        "APIStatusError/APITimeoutError/APIConnectionError: a 200 reply whose body is not "
-        "JSON lets json.JSONDecodeError escape instead of BackendError(retryable=True) "
-        "(GeminiBackend turns it into BackendError)"))),
-])
+@pytest.mark.parametrize("kind", ["gemini", "openai"])
 def test_malformed_body_is_a_retryable_backend_error(kind, request, monkeypatch):
     server = request.getfixturevalue(f"{kind}_server")
     c = Case(kind, server, monkeypatch)
@@ -557,14 +549,7 @@ def test_paper_malformed_reply_throughout_is_unjudged(case):
     assert_backoff_grows(sleeps, 4)
 
 
-@pytest.mark.parametrize("kind", [
-    "gemini",
-    pytest.param("openai", marks=pytest.mark.xfail(
-        strict=True, raises=json.JSONDecodeError, reason=(
-        "BUG digirl_lite/judge/backends.py OpenAIBackend.generate: a non-JSON 200 body "
-        "raises json.JSONDecodeError, which PaperJudge.judge (catching only BackendError) "
-        "does not retry: the exception escapes the judge"))),
-])
+@pytest.mark.parametrize("kind", ["gemini", "openai"])
 def test_paper_malformed_body_is_retried(kind, request, monkeypatch):
     server = request.getfixturevalue(f"{kind}_server")
     c = Case(kind, server, monkeypatch)

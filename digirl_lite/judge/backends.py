@@ -79,6 +79,12 @@ def _read_key(env_var: str | None, who: str) -> str | None:
     return key
 
 
+def _scrub(message: str, env_var: str | None) -> str:
+    """Remove the API key from a message (a proxy may echo a request back)."""
+    key = os.environ.get(env_var) if env_var else None
+    return message.replace(key, "<redacted>") if key else message
+
+
 class GeminiBackend:
     """Gemini through ``google-genai``.
 
@@ -135,12 +141,13 @@ class GeminiBackend:
                 config=types.GenerateContentConfig(temperature=self.temperature))
         except errors.APIError as e:
             code = getattr(e, "code", None)
-            raise BackendError(f"Gemini API error {code}: {getattr(e, 'message', '')}"[:300],
-                               retryable=code in RETRYABLE_STATUS or code is None,
+            msg = _scrub(f"Gemini API error {code}: {getattr(e, 'message', '')}",
+                         self.api_key_env)
+            raise BackendError(msg[:300], retryable=code in RETRYABLE_STATUS or code is None,
                                status=code) from None
         except Exception as e:  # timeouts and lost connections surface as httpx errors
-            raise BackendError(f"Gemini request failed: {type(e).__name__}: {e}"[:300],
-                               retryable=True) from None
+            msg = _scrub(f"Gemini request failed: {type(e).__name__}: {e}", self.api_key_env)
+            raise BackendError(msg[:300], retryable=True) from None
         usage = getattr(resp, "usage_metadata", None)
         tokens = getattr(usage, "total_token_count", None) if usage is not None else None
         return BackendReply(text=resp.text or "", tokens=tokens)
@@ -210,8 +217,14 @@ class OpenAIBackend:
         except (openai.APITimeoutError, openai.APIConnectionError) as e:
             raise BackendError(f"OpenAI-compatible request failed: {type(e).__name__}",
                                retryable=True) from None
-        if not resp.choices:
-            raise BackendError("OpenAI-compatible reply has no choices", retryable=True)
-        text = resp.choices[0].message.content or ""
-        usage = getattr(resp, "usage", None)
-        return BackendReply(text=text, tokens=getattr(usage, "total_tokens", None))
+        except Exception as e:  # a 200 whose body is not JSON, or not a chat completion
+            raise BackendError(f"OpenAI-compatible reply unreadable: {type(e).__name__}",
+                               retryable=True) from None
+        try:
+            text = resp.choices[0].message.content or ""
+            usage = getattr(resp, "usage", None)
+            tokens = getattr(usage, "total_tokens", None)
+        except (AttributeError, IndexError, TypeError, KeyError):
+            raise BackendError("OpenAI-compatible reply is not a chat completion",
+                               retryable=True) from None
+        return BackendReply(text=str(text), tokens=tokens)

@@ -237,6 +237,9 @@ class PaperJudge:
                 if not e.retryable:
                     break
                 continue
+            except Exception as e:  # a backend bug must not end the run: retry, then unjudged
+                last_problem = f"backend raised {type(e).__name__}"
+                continue
             tokens += reply.tokens or 0
             reply_text = reply.text
             status = parse_status(reply.text)
