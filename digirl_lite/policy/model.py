@@ -1,0 +1,104 @@
+"""The AutoUI multimodal T5 (spec/DIGIRL.md section 3) on the transformers 5.x API.
+
+image vector (B, d_img) -> Linear(d_img, d_model) -> one-head attention from every encoder
+state h to it gives v; gate g = sigmoid(W [h; v]); fused = (1 - g) * h + g * v; the T5
+decoder writes the action string from the fused states.
+
+Weight names follow Auto-UI / DigiRL (``image_dense``, ``mha_layer``, ``gate_dense`` beside
+T5's ``shared``, ``encoder``, ``decoder``, ``lm_head``), so their checkpoints load as they are.
+
+``generate()`` takes ``image_ids`` and fuses once: the encoder that generation calls is the
+fused encoder (:class:`_FusedEncoder`), so every decoding step reuses the fused states.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from transformers import T5Config, T5ForConditionalGeneration
+from transformers.modeling_outputs import BaseModelOutput
+
+__all__ = ["AutoUIModel", "last_frame"]
+
+
+def last_frame(image_ids: torch.Tensor, img_dim: int) -> torch.Tensor:
+    """(B, d) or (B, 2d) two-frame features -> (B, d): the policy sees the last frame."""
+    if image_ids.dim() == 3:  # (B, 1, d): already a one-token image
+        image_ids = image_ids[:, -1]
+    if image_ids.shape[-1] == img_dim:
+        return image_ids
+    if image_ids.shape[-1] % img_dim == 0:
+        return image_ids[..., -img_dim:]
+    raise ValueError(f"image features have {image_ids.shape[-1]} floats per row; this policy "
+                     f"takes {img_dim} (one frame) or a multiple (stacked frames)")
+
+
+class _FusedEncoder:
+    """What ``generate()`` calls as the encoder: T5's encoder followed by the image fusion.
+
+    Not a registered submodule (its weights belong to the model), so ``state_dict`` names
+    stay Auto-UI's.
+    """
+
+    def __init__(self, model: AutoUIModel) -> None:
+        self._model = model
+
+    def __getattr__(self, name):
+        return getattr(self._model.encoder, name)
+
+    def __call__(self, *args, **kwargs):
+        return self.forward(*args, **kwargs)
+
+    def forward(self, input_ids=None, attention_mask=None, image_ids=None, inputs_embeds=None,
+                output_attentions=None, output_hidden_states=None, return_dict=True):
+        m = self._model
+        out = m.encoder(input_ids=input_ids, attention_mask=attention_mask,
+                        inputs_embeds=inputs_embeds, output_attentions=output_attentions,
+                        output_hidden_states=output_hidden_states, return_dict=True)
+        if image_ids is None:
+            raise ValueError("AutoUIModel needs image_ids (the screenshot's features)")
+        fused = m.fuse(out.last_hidden_state, image_ids)
+        return BaseModelOutput(last_hidden_state=fused, hidden_states=out.hidden_states,
+                               attentions=out.attentions)
+
+
+class AutoUIModel(T5ForConditionalGeneration):
+    """T5 with the gated image fusion of Auto-UI.
+
+    Args:
+        config: a T5Config; ``config.img_dim`` (default 1408, BLIP-2) is the image size.
+    """
+
+    def __init__(self, config: T5Config) -> None:
+        super().__init__(config)
+        d = config.d_model
+        self.img_dim = int(getattr(config, "img_dim", 1408))
+        config.img_dim = self.img_dim
+        self.image_dense = nn.Linear(self.img_dim, d)
+        self.mha_layer = nn.MultiheadAttention(embed_dim=d, num_heads=1, batch_first=True)
+        self.gate_dense = nn.Linear(2 * d, d)
+        self.post_init()
+
+    def fuse(self, hidden: torch.Tensor, image_ids: torch.Tensor) -> torch.Tensor:
+        """(B, T, d_model) encoder states + (B, d_img) image -> (B, T, d_model) fused states."""
+        img = last_frame(image_ids, self.img_dim).to(hidden.dtype)
+        emb = self.image_dense(img).unsqueeze(1)  # (B, 1, d_model)
+        att, _ = self.mha_layer(hidden, emb, emb, need_weights=False)  # (B, T, d_model)
+        gate = torch.sigmoid(self.gate_dense(torch.cat([hidden, att], dim=-1)))
+        return (1 - gate) * hidden + gate * att
+
+    def get_encoder(self, *args, **kwargs):
+        return _FusedEncoder(self)
+
+    def forward(self, input_ids=None, attention_mask=None, image_ids=None,
+                decoder_input_ids=None, decoder_attention_mask=None, encoder_outputs=None,
+                labels=None, **kwargs):
+        if encoder_outputs is None:
+            encoder_outputs = _FusedEncoder(self).forward(
+                input_ids=input_ids, attention_mask=attention_mask, image_ids=image_ids,
+                inputs_embeds=kwargs.pop("inputs_embeds", None))
+        # encoder_outputs from generate() are already fused
+        return super().forward(attention_mask=attention_mask, encoder_outputs=encoder_outputs,
+                               decoder_input_ids=decoder_input_ids,
+                               decoder_attention_mask=decoder_attention_mask, labels=labels,
+                               **kwargs)

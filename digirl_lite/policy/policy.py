@@ -1,0 +1,244 @@
+"""``AutoUIPolicy``: the AutoUI model with its tokenizer, as the trainer and fleets use it."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from digirl_lite.policy.model import AutoUIModel
+from digirl_lite.policy.tokenizer import SIM_TOKENIZER_FILE, HFTokenizer, SPTokenizer
+
+__all__ = ["AutoUIPolicy", "SIM_PRESET", "REFERENCE_CLAMP"]
+
+REFERENCE_CLAMP = (0.001, 0.99)
+"""The released code clamps per-token probabilities to this range before the log (a quirk,
+offered only to reproduce it: ``log_prob(..., clamp=REFERENCE_CLAMP)``)."""
+
+SIM_PRESET: dict[str, Any] = {
+    # Sized to learn the simulator's tasks on 2 CPUs (shared/notes/MEASURED.md: 1.05M
+    # parameters, ~0.33 s per update of 64 steps).
+    "d_model": 128, "d_kv": 32, "d_ff": 512, "num_layers": 2, "num_decoder_layers": 2,
+    "num_heads": 4, "dropout_rate": 0.0, "img_dim": 512,
+}
+
+_POLICY_FILE = "digirl_policy.json"
+
+
+def _as_tensor(x: Any) -> torch.Tensor:
+    if isinstance(x, torch.Tensor):
+        return x.float()
+    return torch.as_tensor(x, dtype=torch.float32)
+
+
+class AutoUIPolicy:
+    """Batched sampling and exact log-likelihoods of action strings.
+
+    Args:
+        model: an :class:`~digirl_lite.policy.model.AutoUIModel`.
+        tokenizer: :class:`~digirl_lite.policy.tokenizer.SPTokenizer` (simulator preset) or
+            :class:`~digirl_lite.policy.tokenizer.HFTokenizer` (a real checkpoint's).
+        max_prompt_tokens: prompts are cut from the left beyond this (the goal is kept).
+        device: where the model runs.
+    """
+
+    def __init__(self, model: AutoUIModel, tokenizer, max_prompt_tokens: int = 512,
+                 device: str | torch.device = "cpu") -> None:
+        self.model = model.to(device)
+        self.tokenizer = tokenizer
+        self.max_prompt_tokens = max_prompt_tokens
+        self.device = torch.device(device)
+
+    @property
+    def img_dim(self) -> int:
+        return self.model.img_dim
+
+    def parameters(self):
+        return self.model.parameters()
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.model.parameters())
+
+    # -- inference ----------------------------------------------------------------------
+    def _encode_prompts(self, prompts: Sequence[str]) -> dict[str, torch.Tensor]:
+        enc = self.tokenizer(list(prompts), max_length=self.max_prompt_tokens)
+        return {k: v.to(self.device) for k, v in enc.items()}
+
+    @torch.no_grad()
+    def act(self, prompts: Sequence[str], image_features: Any, temperature: float = 1.0,
+            max_new_tokens: int = 128, generator_seed: int | None = None) -> list[str]:
+        """Sample one action string per prompt (temperature 0: greedy).
+
+        Args:
+            prompts: B policy prompts.
+            image_features: (B, d) or (B, 2d) (two frames: the last one is used).
+            temperature: sampling temperature (1.0 in the paper).
+            max_new_tokens: cap on the action's length (128 in the paper).
+            generator_seed: seeds the sampling (torch's global generator otherwise).
+        """
+        if len(prompts) == 0:
+            return []
+        was_training = self.model.training
+        self.model.eval()
+        enc = self._encode_prompts(prompts)
+        img = _as_tensor(image_features).to(self.device)
+        if img.shape[0] != len(prompts):
+            raise ValueError(f"{len(prompts)} prompts but {img.shape[0]} image rows")
+        kwargs: dict[str, Any] = {
+            "max_new_tokens": max_new_tokens,
+            "pad_token_id": self.tokenizer.pad_token_id,
+            "eos_token_id": self.tokenizer.eos_token_id,
+            "decoder_start_token_id": self.model.config.decoder_start_token_id,
+        }
+        if temperature > 0:
+            kwargs.update(do_sample=True, temperature=temperature, top_k=0, top_p=1.0)
+        else:
+            kwargs.update(do_sample=False)
+        state = None
+        if generator_seed is not None:
+            state = torch.random.get_rng_state()
+            torch.manual_seed(generator_seed)
+        try:
+            out = self.model.generate(**enc, image_ids=img, **kwargs)
+        finally:
+            if state is not None:
+                torch.random.set_rng_state(state)
+            self.model.train(was_training)
+        return [s.strip("\n") for s in self.tokenizer.batch_decode(out[:, 1:].cpu())]
+
+    def log_prob(self, prompts: Sequence[str], image_features: Any, actions: Sequence[str],
+                 clamp: tuple[float, float] | None = None) -> torch.Tensor:
+        """Exact log-likelihood of each action string: the sum of its tokens' log-probs under
+        teacher forcing (eos included, pads masked). Differentiable.
+
+        Args:
+            clamp: clamp per-token probabilities to this range before the log (the released
+                code's quirk: ``REFERENCE_CLAMP``); None (default) for the exact value.
+
+        Returns:
+            (B,) tensor.
+        """
+        if not (len(prompts) == len(actions)):
+            raise ValueError(f"{len(prompts)} prompts but {len(actions)} actions")
+        enc = self._encode_prompts(prompts)
+        act = self.tokenizer(list(actions), max_length=None)
+        labels = act["input_ids"].to(self.device)
+        mask = act["attention_mask"].to(self.device)
+        img = _as_tensor(image_features).to(self.device)
+        out = self.model(input_ids=enc["input_ids"], attention_mask=enc["attention_mask"],
+                         image_ids=img, labels=labels.masked_fill(mask == 0, -100),
+                         decoder_attention_mask=mask)
+        logp = torch.log_softmax(out.logits.float(), dim=-1)
+        tok = logp.gather(-1, labels.unsqueeze(-1)).squeeze(-1)  # (B, T)
+        if clamp is not None:
+            tok = torch.log(tok.exp().clamp(min=clamp[0], max=clamp[1]))
+        return (tok * mask).sum(dim=-1)
+
+    # -- persistence ----------------------------------------------------------------------
+    def save(self, directory: str | Path) -> Path:
+        """Weights (safetensors), config and tokenizer into ``directory``."""
+        d = Path(directory)
+        d.mkdir(parents=True, exist_ok=True)
+        self.model.save_pretrained(str(d), safe_serialization=True)
+        self.tokenizer.save(d)
+        kind = "sentencepiece" if isinstance(self.tokenizer, SPTokenizer) else "hf"
+        (d / _POLICY_FILE).write_text(json.dumps({
+            "tokenizer": kind, "max_prompt_tokens": self.max_prompt_tokens}))
+        return d
+
+    @classmethod
+    def load(cls, directory: str | Path, device: str = "cpu") -> AutoUIPolicy:
+        """Load what :meth:`save` wrote (never unpickles)."""
+        d = Path(directory)
+        meta_path = d / _POLICY_FILE
+        if not meta_path.is_file():
+            raise FileNotFoundError(f"{d} is not a saved AutoUIPolicy (no {_POLICY_FILE}); "
+                                    "for an Auto-UI checkpoint use AutoUIPolicy.from_pretrained")
+        meta = json.loads(meta_path.read_text())
+        model = AutoUIModel.from_pretrained(str(d))
+        model.eval()
+        if meta["tokenizer"] == "sentencepiece":
+            tok = SPTokenizer(d / SIM_TOKENIZER_FILE)
+        else:
+            from transformers import AutoTokenizer
+
+            tok = HFTokenizer(AutoTokenizer.from_pretrained(str(d)))
+        return cls(model, tok, meta.get("max_prompt_tokens", 512), device)
+
+    @classmethod
+    def from_pretrained(cls, local_dir: str | Path, img_dim: int = 1408, device: str = "cpu",
+                        strict: bool = True) -> AutoUIPolicy:
+        """A real Auto-UI checkpoint directory (config.json, weights, tokenizer files).
+
+        Weights are matched by name; anything missing (other than the embeddings tied to
+        ``shared``) or unexpected is listed in the error (or, with ``strict=False``, in
+        ``policy.load_report``).
+        """
+        from transformers import AutoTokenizer, T5Config
+
+        d = Path(local_dir)
+        if not (d / "config.json").is_file():
+            raise FileNotFoundError(f"{d} has no config.json: not a model directory")
+        config = T5Config.from_pretrained(str(d))
+        config.img_dim = int(getattr(config, "img_dim", img_dim))
+        if config.decoder_start_token_id is None:
+            config.decoder_start_token_id = config.pad_token_id or 0
+        model = AutoUIModel(config)
+        state = _read_state_dict(d)
+        tied = {"encoder.embed_tokens.weight", "decoder.embed_tokens.weight"}
+        if config.tie_word_embeddings:
+            tied.add("lm_head.weight")
+        own = model.state_dict()
+        missing = sorted(k for k in own if k not in state and k not in tied)
+        unexpected = sorted(k for k in state if k not in own)
+        report = {"missing": missing, "unexpected": unexpected}
+        if strict and (missing or unexpected):
+            raise ValueError(
+                f"{d} does not match the Auto-UI layout: missing {len(missing)} "
+                f"{missing[:8]}{' ...' if len(missing) > 8 else ''}; unexpected "
+                f"{len(unexpected)} {unexpected[:8]}{' ...' if len(unexpected) > 8 else ''}")
+        model.load_state_dict({k: v for k, v in state.items() if k in own}, strict=False)
+        model.tie_weights()
+        model.eval()
+        policy = cls(model, HFTokenizer(AutoTokenizer.from_pretrained(str(d))), device=device)
+        policy.load_report = report
+        return policy
+
+    @classmethod
+    def sim_preset(cls, seed: int = 0, tokenizer_dir: str | Path | None = None,
+                   **overrides: Any) -> AutoUIPolicy:
+        """The tiny simulator model (fresh weights, seeded) with the shipped tokenizer."""
+        from transformers import T5Config
+
+        from digirl_lite.paths import data_dir
+
+        tok = SPTokenizer(Path(tokenizer_dir or data_dir() / "tokenizer") / SIM_TOKENIZER_FILE)
+        cfg = {**SIM_PRESET, **overrides}
+        img_dim = cfg.pop("img_dim")
+        config = T5Config(vocab_size=tok.vocab_size, pad_token_id=0, eos_token_id=1,
+                          decoder_start_token_id=0, **cfg)
+        config.img_dim = img_dim
+        torch.manual_seed(seed)
+        return cls(AutoUIModel(config), tok)
+
+
+def _read_state_dict(d: Path) -> dict[str, torch.Tensor]:
+    files = sorted(d.glob("*.safetensors"))
+    if files:
+        from safetensors.torch import load_file
+
+        state: dict[str, torch.Tensor] = {}
+        for f in files:
+            state.update(load_file(str(f)))
+        return state
+    bins = sorted(d.glob("pytorch_model*.bin"))
+    if not bins:
+        raise FileNotFoundError(f"{d} has no *.safetensors or pytorch_model*.bin weights")
+    state = {}
+    for f in bins:
+        loaded = torch.load(f, map_location="cpu", weights_only=True)  # never unpickle code
+        state.update(loaded.get("model_state_dict", loaded) if isinstance(loaded, dict) else {})
+    return state

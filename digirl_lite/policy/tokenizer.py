@@ -1,0 +1,170 @@
+"""The simulator preset's tokenizer: sentencepiece, trained by :func:`train_sim_tokenizer`.
+
+The AutoUI action string is mostly fixed scaffolding; declaring that scaffolding (and the
+action type names, the prompt's ``Previous Actions:`` / ``Goal:``) as user-defined pieces,
+and splitting digits, turns an action string into about 30 tokens instead of about 85, which
+halves training time (shared/notes/MEASURED.md). Encoding and decoding go through
+sentencepiece itself (no extra whitespace around user-defined pieces, an exact round trip)
+with T5's special ids: pad 0, eos 1, unk 2.
+
+Real Auto-UI checkpoints bring their own tokenizer (:class:`HFTokenizer` wraps it).
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+__all__ = ["ACTION_PIECES", "SPTokenizer", "HFTokenizer", "train_sim_tokenizer",
+           "sim_corpus", "SIM_TOKENIZER_FILE"]
+
+PAD_ID, EOS_ID, UNK_ID = 0, 1, 2
+SIM_TOKENIZER_FILE = "spiece.model"
+
+ACTION_PIECES = (
+    'Action Decision: "action_type": "',
+    '", "touch_point": "[',
+    ']", "lift_point": "[',
+    ']", "typed_text": "',
+    "DUAL_POINT", "TYPE", "PRESS_BACK", "PRESS_HOME", "PRESS_ENTER",
+    "STATUS_TASK_COMPLETE", "TASK_IMPOSSIBLE",
+    "-1.0, -1.0", "0.", "Previous Actions:", "Goal:", "</s>",
+)
+
+
+class SPTokenizer:
+    """A sentencepiece model with T5's ids (pad 0, eos 1, unk 2); left truncation keeps
+    the end of a prompt (the goal) when it is too long."""
+
+    pad_token_id = PAD_ID
+    eos_token_id = EOS_ID
+
+    def __init__(self, model_file: str | Path | None = None, model_proto: bytes | None = None):
+        import sentencepiece as spm
+
+        self.sp = spm.SentencePieceProcessor()
+        if model_proto is not None:
+            self.sp.LoadFromSerializedProto(model_proto)
+        elif model_file is not None:
+            if not Path(model_file).is_file():
+                raise FileNotFoundError(f"no sentencepiece model at {model_file}")
+            self.sp.Load(str(model_file))
+        else:
+            raise ValueError("give model_file or model_proto")
+        if (self.sp.pad_id(), self.sp.eos_id(), self.sp.unk_id()) != (PAD_ID, EOS_ID, UNK_ID):
+            raise ValueError("the sentencepiece model must use pad 0, eos 1, unk 2 (T5's ids)")
+        self._eos_piece_id = self.sp.PieceToId("</s>")
+
+    @property
+    def vocab_size(self) -> int:
+        return self.sp.GetPieceSize()
+
+    def serialized(self) -> bytes:
+        return self.sp.serialized_model_proto()
+
+    def encode(self, text: str, max_length: int | None = None) -> list[int]:
+        """Token ids of ``text`` followed by eos (a literal ``</s>`` is eos too)."""
+        ids = [EOS_ID if i == self._eos_piece_id else i for i in self.sp.EncodeAsIds(text)]
+        if not ids or ids[-1] != EOS_ID:
+            ids.append(EOS_ID)
+        if max_length is not None and len(ids) > max_length:
+            ids = ids[-max_length:]  # left truncation: keep the goal
+        return ids
+
+    def __call__(self, texts: Sequence[str], max_length: int | None = 512) -> dict[str, Any]:
+        """Right-padded ``input_ids`` and ``attention_mask`` (torch tensors)."""
+        import torch
+
+        seqs = [self.encode(t, max_length) for t in texts]
+        n = max(len(s) for s in seqs)
+        ids = torch.full((len(seqs), n), PAD_ID, dtype=torch.long)
+        mask = torch.zeros((len(seqs), n), dtype=torch.long)
+        for i, s in enumerate(seqs):
+            ids[i, : len(s)] = torch.tensor(s)
+            mask[i, : len(s)] = 1
+        return {"input_ids": ids, "attention_mask": mask}
+
+    def decode(self, ids: Iterable[int]) -> str:
+        out = []
+        for i in ids:
+            i = int(i)
+            if i in (EOS_ID, self._eos_piece_id):  # a sampled literal "</s>" ends it too
+                break
+            if i == PAD_ID:
+                continue
+            out.append(i)
+        return self.sp.DecodeIds(out)
+
+    def batch_decode(self, batch) -> list[str]:
+        return [self.decode(row) for row in batch]
+
+    def save(self, directory: str | Path) -> Path:
+        p = Path(directory) / SIM_TOKENIZER_FILE
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(self.serialized())
+        return p
+
+
+class HFTokenizer:
+    """A transformers tokenizer (a real Auto-UI checkpoint's) behind the same calls."""
+
+    def __init__(self, tokenizer) -> None:
+        self.tok = tokenizer
+        self.tok.truncation_side = "left"
+        self.pad_token_id = tokenizer.pad_token_id
+        self.eos_token_id = tokenizer.eos_token_id
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.tok)
+
+    def __call__(self, texts: Sequence[str], max_length: int | None = 512) -> dict[str, Any]:
+        enc = self.tok(list(texts), return_tensors="pt", padding=True,
+                       truncation=max_length is not None, max_length=max_length)
+        return {"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]}
+
+    def batch_decode(self, batch) -> list[str]:
+        return self.tok.batch_decode(batch, skip_special_tokens=True)
+
+    def save(self, directory: str | Path) -> None:
+        self.tok.save_pretrained(str(directory))
+
+
+def sim_corpus(seed: int = 0, n_demos: int = 300) -> list[str]:
+    """Text the simulator's policy reads and writes: train instructions, prompts and the
+    expert's action strings (clean demonstrations on both task sets)."""
+    from digirl_lite.envs.sim.pile import generate_demos
+    from digirl_lite.envs.sim.tasks import load_task_file
+    from digirl_lite.paths import data_dir
+
+    lines: list[str] = []
+    for world in ("webshop", "general"):
+        lines += load_task_file(data_dir() / "tasks" / f"{world}_train.txt")
+        trajs, _, _ = generate_demos(world, n=n_demos, seed=seed)
+        for t in trajs:
+            for s in t.steps:
+                lines.append(s.prompt)
+                lines.append(s.action_text)
+    return lines
+
+
+def train_sim_tokenizer(lines: Sequence[str], vocab_size: int = 1000,
+                        seed: int = 0) -> SPTokenizer:
+    """Train the preset's sentencepiece model (unigram) on ``lines``; deterministic."""
+    import sentencepiece as spm
+
+    buf = io.BytesIO()
+    spm.SentencePieceTrainer.Train(
+        sentence_iterator=iter(lines), model_writer=buf, vocab_size=vocab_size,
+        model_type="unigram", character_coverage=1.0, byte_fallback=True, split_digits=True,
+        # pieces are matched after spaces become "▁" (U+2581)
+        user_defined_symbols=[p.replace(" ", "\u2581") for p in ACTION_PIECES],
+        pad_id=PAD_ID, eos_id=EOS_ID, unk_id=UNK_ID, bos_id=-1,
+        pad_piece="<pad>", eos_piece="<eos>", unk_piece="<unk>",
+        add_dummy_prefix=False, remove_extra_whitespaces=False, normalization_rule_name="identity",
+        num_threads=1, minloglevel=2, max_sentence_length=4096,
+        shuffle_input_sentence=False, hard_vocab_limit=False,
+    )
+    return SPTokenizer(model_proto=buf.getvalue())

@@ -1,0 +1,29 @@
+"""Train the simulator preset's sentencepiece tokenizer (data/tokenizer/spiece.model).
+
+    python recipes/make_tokenizer.py --out data/tokenizer --seed 0
+
+The corpus: the simulator's train instructions, and the prompts and action strings of the
+scripted expert's clean demonstrations on both task sets.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from digirl_lite.policy.tokenizer import sim_corpus, train_sim_tokenizer
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", default="data/tokenizer")
+    ap.add_argument("--vocab-size", type=int, default=1000)
+    ap.add_argument("--demos", type=int, default=300)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+    tok = train_sim_tokenizer(sim_corpus(args.seed, args.demos), args.vocab_size)
+    path = tok.save(args.out)
+    print(f"{path}: {tok.vocab_size} pieces, {path.stat().st_size} bytes")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,200 @@
+"""The AutoUI policy: fusion, sampling, exact log-likelihoods, persistence, learning."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+from transformers import T5Config
+
+from digirl_lite.actions import Action, ActionType, format_action, parse_action
+from digirl_lite.paths import data_dir
+from digirl_lite.policy import AutoUIModel, AutoUIPolicy
+from digirl_lite.policy.policy import REFERENCE_CLAMP
+from digirl_lite.policy.tokenizer import SPTokenizer, sim_corpus, train_sim_tokenizer
+
+TOK = data_dir() / "tokenizer" / "spiece.model"
+PROMPT = "Previous Actions: Goal: Go to ebay.com</s>"
+HOME = format_action(Action.key(ActionType.PRESS_HOME))
+TAP = format_action(Action.tap(x=0.5, y=0.62))
+
+
+def small(seed=0, **kw):
+    return AutoUIPolicy.sim_preset(seed=seed, **{"d_model": 32, "d_kv": 8, "d_ff": 64,
+                                                 "num_heads": 4, "img_dim": 16, **kw})
+
+
+def test_import_does_not_load_torch():
+    code = "import sys, digirl_lite.policy; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True)
+    assert out.stdout.strip() == "False"
+
+
+def test_shipped_tokenizer_is_compact_and_exact():
+    tok = SPTokenizer(TOK)
+    assert (tok.pad_token_id, tok.eos_token_id) == (0, 1)
+    for a in (Action.tap(x=0.5, y=0.62), Action.swipe(x0=0.5, y0=0.8, x1=0.5, y1=0.3),
+              Action.type_text("bose soundsport free"), Action.key(ActionType.PRESS_HOME),
+              Action.type_text("café “quoted” 東京")):
+        text = format_action(a)
+        ids = tok.encode(text)
+        assert tok.decode(ids) == text
+        assert len(ids) <= 40
+    assert len(tok.encode(HOME)) <= 10
+    ids = tok.encode(PROMPT)
+    assert ids[-1] == 1 and ids.count(1) == 1  # the literal </s> is the one eos
+    assert len(tok.encode("x " * 600, max_length=512)) == 512
+
+
+def test_tokenizer_training_is_deterministic():
+    lines = sim_corpus(n_demos=20)
+    a = train_sim_tokenizer(lines, vocab_size=600)
+    b = train_sim_tokenizer(lines, vocab_size=600)
+    assert a.serialized() == b.serialized()
+
+
+def test_preset_sizes():
+    p = AutoUIPolicy.sim_preset(seed=0)
+    assert p.img_dim == 512
+    assert 0.8e6 < p.num_parameters() < 2e6
+    m = p.model
+    assert m.image_dense.in_features == 512 and m.image_dense.out_features == 128
+    assert m.gate_dense.in_features == 256 and m.mha_layer.num_heads == 1
+
+
+def test_image_changes_the_logits_and_two_frames_use_the_last():
+    p = small()
+    enc = p.tokenizer([PROMPT])
+    labels = p.tokenizer([HOME])["input_ids"]
+    a, b = torch.randn(1, 16), torch.randn(1, 16)
+    with torch.no_grad():
+        la = p.model(**enc, image_ids=a, labels=labels).logits
+        lb = p.model(**enc, image_ids=b, labels=labels).logits
+        l2 = p.model(**enc, image_ids=torch.cat([b, a], dim=1), labels=labels).logits
+    assert not torch.allclose(la, lb)
+    assert torch.allclose(la, l2)  # (B, 2d): the last frame is the one used
+    with pytest.raises(ValueError, match="floats per row"):
+        p.model(**enc, image_ids=torch.randn(1, 17), labels=labels)
+
+
+def test_gradients_reach_the_fusion_and_not_the_features():
+    p = small()
+    feats = torch.randn(2, 32)  # frozen encoder output: a constant for the policy
+    lp = p.log_prob([PROMPT, PROMPT], feats, [HOME, TAP])
+    lp.sum().backward()
+    for mod in (p.model.image_dense, p.model.gate_dense, p.model.mha_layer):
+        assert all(q.grad is not None and q.grad.abs().sum() > 0 for q in mod.parameters())
+    assert feats.grad is None and not feats.requires_grad
+
+
+def _slow_log_prob(p, prompt, feats, action):
+    """Token by token: the decoder sees the gold prefix, score the next gold token."""
+    enc = p.tokenizer([prompt])
+    ids = p.tokenizer([action], max_length=None)["input_ids"][0].tolist()
+    total = 0.0
+    with torch.no_grad():
+        for t in range(len(ids)):
+            dec = torch.tensor([[0] + ids[:t]])
+            logits = p.model(**enc, image_ids=feats, decoder_input_ids=dec).logits[0, -1]
+            total += torch.log_softmax(logits.double(), -1)[ids[t]].item()
+    return total
+
+
+def test_log_prob_equals_a_slow_per_token_reference_and_masks_pads():
+    p = small(seed=3)
+    feats = torch.randn(3, 16)
+    actions = [HOME, TAP, format_action(Action.type_text("apple airpods"))]
+    prompts = [PROMPT, "Previous Actions: Goal: Open the clock</s>", PROMPT]
+    with torch.no_grad():
+        batch = p.log_prob(prompts, feats, actions)
+    for i in range(3):
+        ref = _slow_log_prob(p, prompts[i], feats[i:i + 1], actions[i])
+        assert batch[i].item() == pytest.approx(ref, abs=1e-3)
+        alone = p.log_prob(prompts[i:i + 1], feats[i:i + 1], actions[i:i + 1])
+        assert alone.item() == pytest.approx(batch[i].item(), abs=1e-4)  # pads add nothing
+    clamped = p.log_prob(prompts, feats, actions, clamp=REFERENCE_CLAMP)
+    n_tokens = [len(p.tokenizer.encode(a)) for a in actions]
+    for i in range(3):  # each token's probability is clamped at 0.001: log >= -6.91
+        assert clamped[i].item() >= n_tokens[i] * torch.log(torch.tensor(0.001)).item() - 1e-3
+
+
+def test_save_load_round_trip_is_bit_exact(tmp_path):
+    p = small(seed=5)
+    p.save(tmp_path / "pol")
+    q = AutoUIPolicy.load(tmp_path / "pol")
+    for (k, a), (k2, b) in zip(p.model.state_dict().items(), q.model.state_dict().items()):
+        assert k == k2 and torch.equal(a, b)
+    feats = torch.randn(2, 16)
+    assert torch.equal(p.log_prob([PROMPT] * 2, feats, [HOME, TAP]),
+                       q.log_prob([PROMPT] * 2, feats, [HOME, TAP]))
+    assert p.act([PROMPT], feats[:1], generator_seed=1, max_new_tokens=20) == \
+        q.act([PROMPT], feats[:1], generator_seed=1, max_new_tokens=20)
+    with pytest.raises(FileNotFoundError, match="from_pretrained"):
+        AutoUIPolicy.load(tmp_path)
+
+
+def test_act_is_batched_and_seeded():
+    p = small(seed=1)
+    feats = torch.randn(4, 16)
+    a = p.act([PROMPT] * 4, feats, max_new_tokens=12, generator_seed=7)
+    b = p.act([PROMPT] * 4, feats, max_new_tokens=12, generator_seed=7)
+    assert len(a) == 4 and a == b
+    assert p.act([], torch.zeros(0, 16)) == []
+    with pytest.raises(ValueError, match="image rows"):
+        p.act([PROMPT] * 2, feats)
+
+
+def test_learning_fixed_triples_raises_likelihood_and_act_reproduces():
+    torch.manual_seed(0)
+    p = small(seed=2)
+    feats = torch.randn(4, 16)
+    prompts = [PROMPT, "Previous Actions: Goal: Open the clock</s>",
+               'Previous Actions: Goal: Go to costco.com, search for "tv"</s>', PROMPT]
+    actions = [TAP, HOME, format_action(Action.type_text("tv")),
+               format_action(Action.tap(x=0.25, y=0.1))]  # same prompt, other image
+    opt = torch.optim.AdamW(p.parameters(), lr=3e-3)
+    before = p.log_prob(prompts, feats, actions).detach()
+    for _ in range(300):
+        loss = -p.log_prob(prompts, feats, actions).mean()
+        opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(p.parameters(), 1.0)
+        opt.step()
+    after = p.log_prob(prompts, feats, actions).detach()
+    assert (after > before + 10).all()
+    greedy = p.act(prompts, feats, temperature=0.0, max_new_tokens=48)
+    assert [parse_action(g) for g in greedy] == [parse_action(a) for a in actions]
+
+
+def test_from_pretrained_reads_an_auto_ui_layout_and_lists_bad_keys(tmp_path):
+    from safetensors.torch import save_file
+    from transformers import T5Tokenizer
+
+    cfg = T5Config(vocab_size=SPTokenizer(TOK).vocab_size, d_model=32, d_kv=8, d_ff=64,
+                   num_layers=1, num_decoder_layers=1, num_heads=2, decoder_start_token_id=0)
+    cfg.img_dim = 24
+    m = AutoUIModel(cfg)
+    ckpt = tmp_path / "auto-ui"
+    m.save_pretrained(str(ckpt))
+    T5Tokenizer(vocab_file=str(TOK), extra_ids=0).save_pretrained(str(ckpt))
+    p = AutoUIPolicy.from_pretrained(ckpt)
+    assert p.load_report == {"missing": [], "unexpected": []}
+    for k, v in m.state_dict().items():
+        assert torch.equal(v, p.model.state_dict()[k]), k
+    # a checkpoint without the fusion layers, and with a stray tensor
+    state = {k: v.clone() for k, v in m.state_dict().items()
+             if not k.startswith("gate_dense") and "embed_tokens" not in k}
+    state["stray.weight"] = torch.zeros(2)
+    for f in ckpt.glob("*.safetensors"):
+        f.unlink()
+    save_file(state, str(ckpt / "model.safetensors"))
+    with pytest.raises(ValueError) as e:
+        AutoUIPolicy.from_pretrained(ckpt)
+    assert "gate_dense.weight" in str(e.value) and "stray.weight" in str(e.value)
+    loose = AutoUIPolicy.from_pretrained(ckpt, strict=False)
+    assert loose.load_report["unexpected"] == ["stray.weight"]
+    with pytest.raises(FileNotFoundError, match="config.json"):
+        AutoUIPolicy.from_pretrained(tmp_path / "nothing")
