@@ -1,4 +1,4 @@
-"""Run one episode of an agent in an environment and record it as a :class:`Trajectory`."""
+"""Record episodes as :class:`Trajectory` objects: one at a time, or many in lockstep."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from digirl_lite.data.records import (
 )
 from digirl_lite.envs.base import TRUNCATION_INFRA, Env, Observation
 
-__all__ = ["Agent", "run_episode", "RECORD_SIZE"]
+__all__ = ["Agent", "EpisodeRecorder", "run_episode", "record_screen", "RECORD_SIZE"]
 
 RECORD_SIZE = (270, 570)
 """Screenshots are recorded shrunk 4x per side (the judge's view, spec section 4): enough
@@ -30,7 +30,9 @@ class Agent(Protocol):
     def act(self, obs: Observation) -> str: ...
 
 
-def _record_screen(screens: ScreenTable, obs: Observation, size: tuple[int, int] | None) -> str:
+def record_screen(screens: ScreenTable, obs: Observation,
+                  size: tuple[int, int] | None = RECORD_SIZE) -> str:
+    """Put ``obs``'s screenshot into ``screens`` (once, shrunk to ``size``); return its id."""
     sid = obs.screen_id or screen_id_of_image(obs.screenshot)
     if sid not in screens:
         img = obs.screenshot
@@ -38,6 +40,70 @@ def _record_screen(screens: ScreenTable, obs: Observation, size: tuple[int, int]
             img = img.resize(size, Image.BILINEAR)
         screens.add(img, screen_id=sid)
     return sid
+
+
+class EpisodeRecorder:
+    """Builds one trajectory from an environment's signals, step by step.
+
+    The environment's faults arrive as truncations and end up as INFRA trajectories; the
+    judge's UNJUDGED verdicts are kept on their steps (the trajectory is then not usable).
+    """
+
+    def __init__(self, screens: ScreenTable, traj_id: str, obs: Observation, *,
+                 source: Source = Source.ONLINE, iteration: int = -1, horizon: int = 20,
+                 record_size: tuple[int, int] | None = RECORD_SIZE,
+                 seeds: dict[str, int] | None = None) -> None:
+        self.screens = screens
+        self.traj_id = traj_id
+        self.task = obs.task
+        self.source, self.iteration, self.horizon = source, iteration, horizon
+        self.record_size = record_size
+        self.seeds = seeds or {}
+        self.steps: list[Step] = []
+        self.obs = obs
+        self.sid = record_screen(screens, obs, record_size)
+        self.trajectory: Trajectory | None = None
+        self.states: list[Any] = [obs.state]  # ground truth where the env has it (sim)
+
+    def record(self, action_text: str, nobs: Observation, reward: float, terminated: bool,
+               truncated: bool, info: dict[str, Any], policy_s: float = 0.0) -> bool:
+        """Add one step; return True when the episode is over (see :attr:`trajectory`)."""
+        nsid = record_screen(self.screens, nobs, self.record_size)
+        verdict = info.get("verdict")
+        self.steps.append(Step(
+            task=self.task, prompt=self.obs.prompt, action_text=action_text,
+            action=info["action"], reward=float(reward), done=bool(terminated or truncated),
+            screen_id=self.sid, next_screen_id=nsid,
+            timings={"policy_s": policy_s, **info.get("timings", {})},
+            verdict=Verdict(verdict) if verdict is not None else None,
+            judge_reply=info.get("judge_reply"),
+        ))
+        self.obs, self.sid = nobs, nsid
+        self.states.append(nobs.state)
+        if not (terminated or truncated):
+            return False
+        reason = None
+        if terminated:
+            ending = Ending.SUCCESS if reward > 0 else Ending.AGENT_STOP
+        elif info.get("truncation") == TRUNCATION_INFRA:
+            ending, reason = Ending.INFRA, info.get("reason") or "infrastructure fault"
+        else:
+            ending = Ending.BUDGET
+        self._finish(ending, reason)
+        return True
+
+    def abort(self, reason: str) -> Trajectory:
+        """End the episode as an infrastructure truncation (a worker died, a device hung)."""
+        self._finish(Ending.INFRA, reason)
+        return self.trajectory
+
+    def _finish(self, ending: Ending, reason: str | None) -> None:
+        self.trajectory = Trajectory(
+            traj_id=self.traj_id, task=self.task, steps=tuple(self.steps),
+            final_reward=1.0 if ending is Ending.SUCCESS else 0.0, ending=ending,
+            source=self.source, iteration=self.iteration, horizon=self.horizon,
+            seeds=self.seeds, truncation_reason=reason,
+        ).with_mc_returns()
 
 
 def run_episode(
@@ -56,45 +122,19 @@ def run_episode(
 ) -> Trajectory:
     """Play one episode; every screen it shows goes into ``screens`` (once).
 
-    The agent's exceptions propagate (a bug in the agent is not the environment's fault);
-    the environment's own faults arrive as truncations and end up as INFRA trajectories.
+    The agent's exceptions propagate (a bug in the agent is not the environment's fault).
     ``on_step`` receives each step's ``info`` (for logs and statistics).
     """
-    obs, info = env.reset(task=task, seed=seed)
-    task_text = obs.task
-    steps: list[Step] = []
-    ending, reason = None, None
+    obs, _ = env.reset(task=task, seed=seed)
+    rec = EpisodeRecorder(screens, traj_id, obs, source=source, iteration=iteration,
+                          horizon=env.horizon, record_size=record_size,
+                          seeds=seeds or ({"env": seed} if seed is not None else {}))
     while True:
         t0 = time.perf_counter()
         text = agent.act(obs)
         policy_s = time.perf_counter() - t0
-        sid = _record_screen(screens, obs, record_size)
-        nobs, reward, terminated, truncated, info = env.step(text)
+        obs, reward, terminated, truncated, info = env.step(text)
         if on_step is not None:
             on_step(info)
-        nsid = _record_screen(screens, nobs, record_size)
-        verdict = info.get("verdict")
-        timings = {"policy_s": policy_s, **info.get("timings", {})}
-        steps.append(Step(
-            task=task_text, prompt=obs.prompt, action_text=text, action=info["action"],
-            reward=float(reward), done=bool(terminated or truncated), screen_id=sid,
-            next_screen_id=nsid, timings=timings,
-            verdict=Verdict(verdict) if verdict is not None else None,
-            judge_reply=info.get("judge_reply"),
-        ))
-        obs = nobs
-        if terminated:
-            ending = Ending.SUCCESS if reward > 0 else Ending.AGENT_STOP
-            break
-        if truncated:
-            if info.get("truncation") == TRUNCATION_INFRA:
-                ending, reason = Ending.INFRA, info.get("reason") or "infrastructure fault"
-            else:
-                ending = Ending.BUDGET
-            break
-    final = 1.0 if ending is Ending.SUCCESS else 0.0
-    return Trajectory(
-        traj_id=traj_id, task=task_text, steps=tuple(steps), final_reward=final, ending=ending,
-        source=source, iteration=iteration, horizon=env.horizon,
-        seeds=seeds or ({"env": seed} if seed is not None else {}), truncation_reason=reason,
-    ).with_mc_returns()
+        if rec.record(text, obs, reward, terminated, truncated, info, policy_s):
+            return rec.trajectory

@@ -30,7 +30,7 @@ from digirl_lite.judge.base import Judge, JudgeResult, OracleJudge
 from digirl_lite.paths import data_dir
 from digirl_lite.prompts import build_prompt
 
-__all__ = ["Faults", "SimPhoneEnv", "TASK_SETS"]
+__all__ = ["Faults", "SimPhoneEnv", "SimEnvFactory", "TASK_SETS"]
 
 TASK_SETS = ("webshop", "general")
 MAX_PROMPT_ACTION_CHARS = 300
@@ -271,3 +271,25 @@ class SimPhoneEnv:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+class SimEnvFactory:
+    """A picklable ``slot -> SimPhoneEnv`` for fleets: every environment gets its own
+    judge (built from ``judge`` config, see :func:`digirl_lite.judge.make_judge`) and seed.
+
+    Args:
+        judge: judge config (None: the oracle).
+        seed: environment ``slot`` is seeded ``seed + slot`` (episodes reseed on reset).
+        **env_kwargs: passed to :class:`SimPhoneEnv` (tasks, day, surprises, faults, ...).
+    """
+
+    def __init__(self, judge: dict | None = None, seed: int = 0, **env_kwargs: Any) -> None:
+        self.judge = judge
+        self.seed = seed
+        self.env_kwargs = env_kwargs
+
+    def __call__(self, slot: int = 0) -> SimPhoneEnv:
+        from digirl_lite.judge.factory import make_judge
+
+        return SimPhoneEnv(judge=make_judge(self.judge), seed=self.seed + slot,
+                           **self.env_kwargs)
