@@ -273,7 +273,7 @@ class ProcessFleet(_Fleet):
         return out
 
     def close(self) -> None:
-        for slot, (p, conn) in enumerate(zip(self._procs, self._conns)):
+        for p, conn in zip(self._procs, self._conns):
             try:
                 conn.send(("close",))
                 conn.poll(5) and conn.recv()
