@@ -140,9 +140,17 @@ class AutoUIPolicy:
     # -- persistence ----------------------------------------------------------------------
     def save(self, directory: str | Path) -> Path:
         """Weights (safetensors), config and tokenizer into ``directory``."""
+        from transformers.utils import logging as hf_logging
+
         d = Path(directory)
         d.mkdir(parents=True, exist_ok=True)
-        self.model.save_pretrained(str(d), safe_serialization=True)
+        was = hf_logging.is_progress_bar_enabled()
+        hf_logging.disable_progress_bar()
+        try:
+            self.model.save_pretrained(str(d), safe_serialization=True)
+        finally:
+            if was:
+                hf_logging.enable_progress_bar()
         self.tokenizer.save(d)
         kind = "sentencepiece" if isinstance(self.tokenizer, SPTokenizer) else "hf"
         (d / _POLICY_FILE).write_text(json.dumps({
@@ -158,7 +166,15 @@ class AutoUIPolicy:
             raise FileNotFoundError(f"{d} is not a saved AutoUIPolicy (no {_POLICY_FILE}); "
                                     "for an Auto-UI checkpoint use AutoUIPolicy.from_pretrained")
         meta = json.loads(meta_path.read_text())
-        model = AutoUIModel.from_pretrained(str(d))
+        from transformers.utils import logging as hf_logging
+
+        was = hf_logging.is_progress_bar_enabled()
+        hf_logging.disable_progress_bar()
+        try:
+            model = AutoUIModel.from_pretrained(str(d))
+        finally:
+            if was:
+                hf_logging.enable_progress_bar()
         model.eval()
         if meta["tokenizer"] == "sentencepiece":
             tok = SPTokenizer(d / SIM_TOKENIZER_FILE)

@@ -1,0 +1,517 @@
+"""DigiRL's loop (spec/DIGIRL.md section 7), top-down: starting policy, pile, offline phase,
+online iterations, evaluation, checkpoints.
+
+    trainer = Trainer(sim_webshop(), out_dir="runs/webshop")
+    trainer.run()
+
+Offline: instruction critic, step critic, then the actor on the pile's successful
+trajectories. Online, each iteration: collect K trajectories at temperature 1.0; add them to
+the buffer; train both critics on the raw buffer; keep the top 10% of trajectories by
+Eq. 4.4; keep their steps with Eq. 4.3 > 1/H; MLE updates of the actor on the kept steps.
+Filtered BC replaces the two filters by "successful trajectories, every step".
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from digirl_lite import filters
+from digirl_lite.data.records import ScreenTable, Source, Step, Trajectory, screen_id_of_image
+from digirl_lite.data.replay import ReplayBuffer
+from digirl_lite.data.store import TrajectoryStore
+from digirl_lite.envs.base import Observation
+from digirl_lite.train.config import DigiRLConfig
+from digirl_lite.train.evaluate import evaluate
+
+__all__ = ["PolicyBatchAgent", "Trainer", "mle_update", "steps_to_batch"]
+
+
+class PolicyBatchAgent:
+    """The policy behind the fleet's batch interface: features by screen content (cached),
+    one sampling call for every phone of the batch."""
+
+    def __init__(self, policy, features, screens: ScreenTable, temperature: float = 1.0,
+                 max_new_tokens: int = 64) -> None:
+        self.policy, self.features, self.screens = policy, features, screens
+        self.temperature, self.max_new_tokens = temperature, max_new_tokens
+
+    def features_of(self, screen_ids: Sequence[str]) -> np.ndarray:
+        imgs = [self.screens.image(i) for i in screen_ids]
+        f = self.features.get(imgs, list(screen_ids))
+        for sid, row in zip(screen_ids, f):
+            if not self.screens.has_features(sid):
+                self.screens.add(features=row, screen_id=sid)
+        return f
+
+    def act_batch(self, slots, observations: Sequence[Observation]) -> list[str]:
+        ids = [o.screen_id or screen_id_of_image(o.screenshot) for o in observations]
+        feats = self.features_of(ids)
+        return self.policy.act([o.prompt for o in observations], feats,
+                               temperature=self.temperature, max_new_tokens=self.max_new_tokens)
+
+
+def steps_to_batch(steps: Sequence[Step], screens: ScreenTable):
+    """Prompts, (B, d) features of the screen each action was taken on, action strings."""
+    return ([s.prompt for s in steps], screens.features([s.screen_id for s in steps]),
+            [s.action_text for s in steps])
+
+
+def mle_update(policy, opt, steps: Sequence[Step], screens: ScreenTable,
+               grad_clip: float | None) -> float:
+    """Eq. 4.2: one maximum-likelihood update on ``steps`` (mean over steps); returns the loss."""
+    prompts, feats, actions = steps_to_batch(steps, screens)
+    policy.model.train()
+    loss = -policy.log_prob(prompts, feats, actions).mean()
+    opt.zero_grad()
+    loss.backward()
+    if grad_clip:
+        torch.nn.utils.clip_grad_norm_(policy.model.parameters(), grad_clip)
+    opt.step()
+    return float(loss.detach())
+
+
+def _atomic_write_text(path: Path, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}-")
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+class Trainer:
+    """One run: owns the policy, the critics, their optimisers, the buffer, the store.
+
+    Args:
+        cfg: the run's configuration.
+        out_dir: holds ``metrics.jsonl``, ``summary.json``, ``learning_curve.png``,
+            ``store/`` (every trajectory collected) and ``checkpoints/``.
+        cache_dir: where the starting policy and the pile are kept across runs (they are
+            deterministic in the config); None disables caching.
+        progress: print progress lines (one per phase and iteration).
+    """
+
+    def __init__(self, cfg: DigiRLConfig, out_dir: str | Path,
+                 cache_dir: str | Path | None = "runs/cache", progress: bool = True) -> None:
+        from digirl_lite.critics import EmbeddingCache, InstructionCritic, MiniLMEncoder, StepCritic
+        from digirl_lite.policy import AutoUIPolicy
+        from digirl_lite.vision import FeatureCache, SimScreenEncoder
+
+        self.cfg = cfg
+        self.out = Path(out_dir)
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.cache_dir = Path(cache_dir) if cache_dir else None
+        self.progress = progress
+        self._seed_everything(cfg.seed)
+        self.policy = AutoUIPolicy.sim_preset(seed=cfg.seed)
+        self.features = FeatureCache(SimScreenEncoder(dim=self.policy.img_dim, seed=0))
+        self.text = EmbeddingCache(MiniLMEncoder())
+        d_t, d_i = self.text.encoder.dim, self.policy.img_dim
+        self.step_critic = StepCritic(d_t, d_i, hidden=256, init_value=cfg.critic_init_value)
+        self.instr_critic = InstructionCritic(d_t, init_value=cfg.critic_init_value)
+        self.critic_opt = torch.optim.Adam(
+            list(self.step_critic.parameters()) + list(self.instr_critic.parameters()),
+            lr=cfg.critic_lr)
+        self.actor_opt = torch.optim.AdamW(self.policy.model.parameters(), lr=cfg.actor_lr)
+        self.buffer = ReplayBuffer(cfg.capacity, seed=cfg.seed)
+        self.screens = ScreenTable(self.policy.img_dim)
+        self.rng = np.random.default_rng(cfg.seed)
+        self.iteration = 0  # online iterations done
+        self.online_trajectories = 0
+        self.timings: dict[str, float] = {}
+        self.summary: dict[str, Any] = {"config": cfg.as_dict(), "stages": {}}
+        self.curve: list[tuple[int, float]] = []
+        self._fleet = None
+
+    # -- plumbing -----------------------------------------------------------------------
+    @staticmethod
+    def _seed_everything(seed: int) -> None:
+        random.seed(seed)
+        np.random.seed(seed)
+        torch.manual_seed(seed)
+
+    def log(self, **record: Any) -> None:
+        record = {"time": round(time.time(), 3), **record}
+        with open(self.out / "metrics.jsonl", "a") as f:
+            f.write(json.dumps(record, default=float) + "\n")
+        if self.progress:
+            keys = [k for k in record if k not in ("time",)]
+            print("  ".join(f"{k}={record[k]}" for k in keys), flush=True)
+
+    def _timed(self, name: str, fn: Callable[[], Any]) -> Any:
+        t0 = time.perf_counter()
+        out = fn()
+        self.timings[name] = self.timings.get(name, 0.0) + time.perf_counter() - t0
+        return out
+
+    def fleet(self):
+        if self._fleet is None:
+            from digirl_lite.envs.sim import SimEnvFactory
+            from digirl_lite.rollout.fleet import LocalFleet, ProcessFleet
+
+            make = SimEnvFactory(judge=self.cfg.judge, seed=self.cfg.seed,
+                                 tasks=self.cfg.world)
+            cls = LocalFleet if self.cfg.fleet == "local" else ProcessFleet
+            self._fleet = cls(make, self.cfg.n_envs)
+        return self._fleet
+
+    def agent(self, screens: ScreenTable | None = None) -> PolicyBatchAgent:
+        return PolicyBatchAgent(self.policy, self.features,
+                                screens if screens is not None else self.screens,
+                                self.cfg.temperature, self.cfg.max_new_tokens)
+
+    def _train_tasks(self):
+        return self.fleet().envs[0].tasks if hasattr(self.fleet(), "envs") else \
+            __import__("digirl_lite.envs.sim", fromlist=["SimPhoneEnv"]).SimPhoneEnv(
+                self.cfg.world).tasks
+
+    def _cache_key(self, *parts: Any) -> str:
+        return hashlib.blake2b(json.dumps(parts, sort_keys=True, default=str).encode(),
+                               digest_size=6).hexdigest()
+
+    def _fill_features(self, screens: ScreenTable) -> None:
+        missing = [s for s in screens.ids if not screens.has_features(s)]
+        if missing:
+            f = self.features.get([screens.image(s) for s in missing], missing)
+            for sid, row in zip(missing, f):
+                screens.add(features=row, screen_id=sid)
+
+    # -- the starting policy (AutoUI role) ---------------------------------------------------
+    def build_starting_policy(self) -> None:
+        """SFT on the expert's clean demonstrations (cached by config)."""
+        from digirl_lite.envs.sim.pile import generate_demos
+        from digirl_lite.policy import AutoUIPolicy
+
+        c = self.cfg
+        key = self._cache_key("sft-v1", c.world, c.seed, c.sft_demos, c.sft_updates,
+                              c.sft_batch, c.sft_lr)
+        cached = self.cache_dir / f"sft-{key}" if self.cache_dir else None
+        if cached is not None and (cached / "digirl_policy.json").is_file():
+            self.policy = AutoUIPolicy.load(cached)
+            self.log(stage="sft", cached=str(cached))
+        else:
+            demos, dscreens, _ = generate_demos(c.world, n=c.sft_demos, seed=c.seed)
+            self._fill_features(dscreens)
+            steps = [s for t in demos for s in t.steps]
+            opt = torch.optim.AdamW(self.policy.model.parameters(), lr=c.sft_lr)
+            sched = torch.optim.lr_scheduler.LambdaLR(
+                opt, lambda u: min(1.0, (u + 1) / 50))
+            rng = np.random.default_rng(c.seed)
+            t0 = time.perf_counter()
+            for u in range(c.sft_updates):
+                batch = [steps[i] for i in rng.integers(0, len(steps), c.sft_batch)]
+                loss = mle_update(self.policy, opt, batch, dscreens, 1.0)
+                sched.step()
+                if u % 100 == 0 or u == c.sft_updates - 1:
+                    self.log(stage="sft", update=u, loss=round(loss, 4))
+            self.timings["sft"] = time.perf_counter() - t0
+            if cached is not None:
+                self.policy.save(cached)
+        self.actor_opt = torch.optim.AdamW(self.policy.model.parameters(), lr=c.actor_lr)
+
+    # -- the stored pile ------------------------------------------------------------------
+    def build_pile(self) -> list[Trajectory]:
+        """The starting policy's own attempts on train tasks, scored by the judge (cached)."""
+        from digirl_lite.data.store import load_trajectories
+
+        c = self.cfg
+        key = self._cache_key("pile-v1", c.world, c.seed, c.pile_size, c.judge, c.temperature,
+                              c.sft_demos, c.sft_updates, c.sft_batch, c.sft_lr)
+        cached = self.cache_dir / f"pile-{key}" if self.cache_dir else None
+        if cached is not None and (cached / "digirl_store.json").is_file():
+            trajs, screens = load_trajectories(cached)
+            self.screens.merge(screens)
+            self.log(stage="pile", cached=str(cached), trajectories=len(trajs))
+            return trajs
+        tasks = self._train_tasks()
+        idx = np.random.default_rng(c.seed + 1).integers(0, len(tasks), c.pile_size)
+        episodes = self._timed("pile", lambda: self.fleet().collect(
+            self.agent(), [tasks[i] for i in idx], self.screens, id_prefix=f"pile-s{c.seed}",
+            source=Source.OFFLINE, iteration=-1, seed=c.seed * 1_000_003 + 7))
+        self._fill_features(self.screens)
+        trajs = [e.trajectory for e in episodes]
+        if cached is not None:
+            sub = ScreenTable(self.screens.feature_dim)
+            for t in trajs:
+                for s in t.steps:
+                    for sid in (s.screen_id, s.next_screen_id):
+                        if sid not in sub:
+                            i = self.screens.index_of([sid])[0]
+                            sub.add(self.screens.image(sid), self.screens.matrix()[i],
+                                    screen_id=sid)
+            TrajectoryStore.create(cached, sub.feature_dim).append(trajs, sub)
+        self.log(stage="pile", trajectories=len(trajs),
+                 success_rate=round(float(np.mean([t.is_success for t in trajs])), 4))
+        return trajs
+
+    # -- critics --------------------------------------------------------------------------
+    def train_critics(self, updates: int) -> dict[str, float]:
+        from digirl_lite.critics.data import instruction_batch, step_batches
+        from digirl_lite.critics.losses import instruction_critic_loss, step_critic_loss
+
+        trajs = self.buffer.trajectories("train")
+        if not trajs or updates <= 0:
+            return {}
+        s_loss = i_loss = float("nan")
+        batches = step_batches(trajs, self.screens, self.text, self.cfg.critic_batch,
+                               rng=self.rng, drop_last=False)
+        ib = instruction_batch(trajs, self.text)
+        self.step_critic.train()
+        self.instr_critic.train()
+        for _ in range(updates):
+            b = next(batches, None)
+            if b is None:
+                batches = step_batches(trajs, self.screens, self.text, self.cfg.critic_batch,
+                                       rng=self.rng)
+                b = next(batches)
+            loss = step_critic_loss(self.step_critic, b, self.cfg.critic_loss)
+            loss_i = instruction_critic_loss(self.instr_critic, ib, self.cfg.critic_loss)
+            self.critic_opt.zero_grad()
+            (loss + loss_i).backward()
+            self.critic_opt.step()
+            s_loss, i_loss = float(loss.detach()), float(loss_i.detach())
+        return {"step_critic_loss": round(s_loss, 4), "instr_critic_loss": round(i_loss, 4)}
+
+    # -- filters --------------------------------------------------------------------------
+    def select_steps(self, trajs: Sequence[Trajectory], instruction_filter: bool
+                     ) -> tuple[list[Step], dict[str, Any]]:
+        """The actor's data: Filtered BC (successes, every step) or DigiRL (Eq. 4.4 over
+        ``trajs`` when ``instruction_filter``, then Eq. 4.3 per step)."""
+        from digirl_lite.critics.data import critic_values_many, instruction_values
+
+        c = self.cfg
+        usable = [t for t in trajs if t.is_usable and t.steps]
+        if not usable:
+            return [], {"kept_trajectories": 0, "kept_steps": 0}
+        r = np.array([t.final_reward for t in usable])
+        if c.algorithm == "filtered_bc":
+            keep_t = filters.filtered_bc_keep(r, p=c.top_p) if instruction_filter else r > 0
+            kept = [t for t, k in zip(usable, keep_t) if k]
+            steps = [s for t in kept for s in t.steps if s.action.is_valid]
+            return steps, {"kept_trajectories": len(kept), "kept_steps": len(steps)}
+        if instruction_filter:
+            with torch.no_grad():
+                v_i = instruction_values(usable, self.text, self.instr_critic)
+            a_i = filters.instruction_advantage(r, v_i)
+            kept = [t for t, k in zip(usable, filters.keep_top_fraction(a_i, c.top_p)) if k]
+        else:
+            kept = [t for t in usable if t.is_success]
+        steps: list[Step] = []
+        if kept:
+            with torch.no_grad():
+                values = critic_values_many(kept, self.screens, self.text, self.step_critic)
+            for t, v in zip(kept, values):
+                if c.step_filter == "paper":
+                    a = filters.step_advantage(v, t.rewards, lam=c.lam)
+                    keep = filters.step_keep_mask(a, t.horizon)
+                else:
+                    mc = np.array([s.mc_return for s in t.steps])
+                    keep = filters.step_advantage_released(v[:-1], v[1:], t.rewards, mc) > 0
+                steps += [s for s, k in zip(t.steps, keep) if k and s.action.is_valid]
+        return steps, {"kept_trajectories": len(kept), "kept_steps": len(steps)}
+
+    def train_actor(self, steps: Sequence[Step], updates: int) -> float:
+        if not steps or updates <= 0:
+            return float("nan")
+        loss = float("nan")
+        for _ in range(updates):
+            idx = self.rng.integers(0, len(steps), self.cfg.actor_batch)
+            loss = mle_update(self.policy, self.actor_opt, [steps[i] for i in idx],
+                              self.screens, self.cfg.actor_grad_clip)
+        return round(loss, 4)
+
+    # -- stages ---------------------------------------------------------------------------
+    def offline(self, pile: Sequence[Trajectory]) -> None:
+        c = self.cfg
+        self.buffer.add(pile)
+        self.text.get(sorted({t.task for t in pile}))
+        crit = self._timed("offline_critics", lambda: self.train_critics(
+            c.offline_critic_updates))
+        steps, kept = self._timed("offline_filter", lambda: self.select_steps(
+            self.buffer.trajectories("train"), instruction_filter=False))
+        loss = self._timed("offline_actor", lambda: self.train_actor(
+            steps, c.offline_actor_updates))
+        self.log(stage="offline", **crit, **kept, actor_loss=loss)
+
+    def online_iteration(self, k: int, collected: list[Trajectory] | None = None) -> None:
+        """Iteration ``k`` (1-based). ``collected``: trajectories already collected and
+        stored for it before a crash (resume), so they are not collected again."""
+        c = self.cfg
+        t_iter = time.perf_counter()
+        if collected is None:
+            tasks = self._train_tasks()
+            idx = self.rng.integers(0, len(tasks), c.rollouts_per_iteration)
+            episodes = self._timed("collect", lambda: self.fleet().collect(
+                self.agent(), [tasks[i] for i in idx], self.screens,
+                id_prefix=f"online-s{c.seed}-it{k:04d}", source=Source.ONLINE, iteration=k,
+                seed=c.seed * 1_000_003 + 100_000 * k))
+            collected = [e.trajectory for e in episodes]
+            self._fill_features(self.screens)
+            self._timed("store", lambda: self._store_append(collected))
+        self.buffer.add(collected)
+        self.online_trajectories += len(collected)
+        crit = self._timed("critics", lambda: self.train_critics(c.critic_updates))
+        steps, kept = self._timed("filter", lambda: self.select_steps(
+            self.buffer.trajectories("train"), instruction_filter=True))
+        loss = self._timed("actor", lambda: self.train_actor(steps, c.actor_updates))
+        self.iteration = k
+        self._timed("checkpoint", self.save_checkpoint)
+        wins = float(np.mean([t.is_success for t in collected])) if collected else 0.0
+        self.log(stage="online", iteration=k, online_trajectories=self.online_trajectories,
+                 collect_success=round(wins, 4), **crit, **kept, actor_loss=loss,
+                 seconds=round(time.perf_counter() - t_iter, 2))
+
+    def evaluate(self, stage: str) -> dict[str, Any]:
+        from digirl_lite.envs.sim import SimPhoneEnv
+
+        test = SimPhoneEnv(f"{self.cfg.world}_test").tasks
+        screens = ScreenTable(self.policy.img_dim)
+        report, _ = self._timed("evaluate", lambda: evaluate(
+            self.fleet(), self.agent(screens), test, n_tasks=self.cfg.eval_tasks,
+            seed=10_000 + self.cfg.seed, id_prefix=f"eval-{stage}", screens=screens))
+        self.summary["stages"][stage] = report
+        self.curve.append((self.online_trajectories, report["success_rate"]))
+        self.log(stage=f"eval:{stage}", online_trajectories=self.online_trajectories,
+                 success_rate=round(report["success_rate"], 4),
+                 ci95=[round(x, 3) for x in report["ci95"]],
+                 mean_length=round(report["mean_length"], 2),
+                 failure_kinds=report["failure_kinds"])
+        return report
+
+    # -- persistence ----------------------------------------------------------------------
+    def _store(self) -> TrajectoryStore:
+        return TrajectoryStore.create(self.out / "store", self.policy.img_dim, exist_ok=True)
+
+    def _store_append(self, trajs: Sequence[Trajectory]) -> None:
+        self._store().append(list(trajs), self.screens)
+
+    def save_checkpoint(self) -> Path:
+        """Atomically: policy, critics, optimisers, buffer ids, RNG states, counters."""
+        root = self.out / "checkpoints"
+        root.mkdir(exist_ok=True)
+        name = f"iter-{self.iteration:04d}"
+        tmp = Path(tempfile.mkdtemp(dir=root, prefix=f".tmp-{name}-"))
+        self.policy.save(tmp / "policy")
+        torch.save({"step_critic": self.step_critic.state_dict(),
+                    "instr_critic": self.instr_critic.state_dict(),
+                    "critic_opt": self.critic_opt.state_dict(),
+                    "actor_opt": self.actor_opt.state_dict(),
+                    "torch_rng": torch.get_rng_state()}, tmp / "state.pt")
+        state = {"iteration": self.iteration, "online_trajectories": self.online_trajectories,
+                 "buffer": self.buffer.state_dict(), "rng": self.rng.bit_generator.state,
+                 "curve": self.curve, "summary": self.summary, "timings": self.timings}
+        (tmp / "state.json").write_text(json.dumps(state, default=float))
+        final = root / name
+        if final.exists():
+            shutil.rmtree(final)
+        os.rename(tmp, final)
+        _atomic_write_text(root / "latest", name)
+        for old in sorted(p for p in root.glob("iter-*") if p.name != name)[:-1]:
+            shutil.rmtree(old, ignore_errors=True)  # keep the newest two
+        return final
+
+    def load_checkpoint(self) -> bool:
+        """Restore the newest checkpoint; False when there is none."""
+        from digirl_lite.data.store import load_trajectories
+        from digirl_lite.policy import AutoUIPolicy
+
+        latest = self.out / "checkpoints" / "latest"
+        if not latest.is_file():
+            return False
+        d = self.out / "checkpoints" / latest.read_text().strip()
+        state = json.loads((d / "state.json").read_text())
+        self.policy = AutoUIPolicy.load(d / "policy")
+        tensors = torch.load(d / "state.pt", map_location="cpu", weights_only=True)
+        self.step_critic.load_state_dict(tensors["step_critic"])
+        self.instr_critic.load_state_dict(tensors["instr_critic"])
+        self.critic_opt.load_state_dict(tensors["critic_opt"])
+        self.actor_opt = torch.optim.AdamW(self.policy.model.parameters(), lr=self.cfg.actor_lr)
+        self.actor_opt.load_state_dict(tensors["actor_opt"])
+        torch.set_rng_state(tensors["torch_rng"])
+        trajs, screens = load_trajectories(self.out / "store")
+        self.screens.merge(screens)
+        self.buffer = ReplayBuffer.from_state_dict(state["buffer"], trajs)
+        self.rng.bit_generator.state = state["rng"]
+        self.iteration = state["iteration"]
+        self.online_trajectories = state["online_trajectories"]
+        self.curve = [tuple(x) for x in state["curve"]]
+        self.summary = state["summary"]
+        self.timings = state["timings"]
+        self._stored = trajs
+        return True
+
+    # -- the whole run --------------------------------------------------------------------
+    def run(self, resume: bool = False) -> dict[str, Any]:
+        t0 = time.perf_counter()
+        c = self.cfg
+        if resume and self.load_checkpoint():
+            self.log(stage="resume", iteration=self.iteration)
+            pending = [t for t in self._stored if t.iteration == self.iteration + 1]
+        else:
+            if (self.out / "checkpoints" / "latest").is_file():
+                raise FileExistsError(f"{self.out} holds a run; pass resume=True or another "
+                                      "output folder")
+            self.build_starting_policy()
+            self.evaluate("copier")
+            pile = self.build_pile()
+            self._store_append(pile)
+            self.offline(pile)
+            self.evaluate("offline")
+            self.iteration = 0
+            self.save_checkpoint()
+            pending = []
+        while self.iteration < c.iterations:
+            k = self.iteration + 1
+            self.online_iteration(k, collected=pending or None)
+            pending = []
+            if c.eval_every and k % c.eval_every == 0 and k < c.iterations:
+                self.evaluate(f"online-{k}")
+                self.save_checkpoint()
+        if "online" not in self.summary["stages"]:
+            self.evaluate("online")
+        self.summary.update({
+            "wall_s": round(time.perf_counter() - t0, 1) + self.summary.get("wall_s", 0.0),
+            "online_trajectories": self.online_trajectories,
+            "buffer": self.buffer.counts(),
+            "timings_s": {k: round(v, 2) for k, v in self.timings.items()},
+            "feature_cache_hit_rate": round(self.features.hit_rate, 3),
+        })
+        self.save_checkpoint()
+        _atomic_write_text(self.out / "summary.json", json.dumps(self.summary, indent=1,
+                                                                 default=float))
+        self.plot()
+        return self.summary
+
+    def plot(self) -> Path | None:
+        try:
+            import matplotlib
+
+            matplotlib.use("Agg")
+            import matplotlib.pyplot as plt
+        except ImportError:  # pragma: no cover - a core dependency
+            return None
+        xs = [x for x, _ in self.curve]
+        ys = [y for _, y in self.curve]
+        fig, ax = plt.subplots(figsize=(6, 4))
+        ax.plot(xs, ys, marker="o")
+        ax.set_xlabel("online trajectories")
+        ax.set_ylabel(f"held-out success ({self.cfg.eval_tasks} test tasks)")
+        ax.set_ylim(0, 1)
+        ax.set_title(f"{self.cfg.algorithm} on simulated {self.cfg.world}, seed {self.cfg.seed}")
+        ax.grid(alpha=0.3)
+        path = self.out / "learning_curve.png"
+        fig.savefig(path, dpi=100, bbox_inches="tight")
+        plt.close(fig)
+        return path
