@@ -198,9 +198,12 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--recompute-iters", type=int, default=3,
                     help="timed re-encoding updates (about 10 s each on 2 CPUs)")
     ap.add_argument("--skip-update", action="store_true", help="skip (a), the slow part")
-    ap.add_argument("--skip-minilm", action="store_true", help="skip (b)")
+    ap.add_argument("--skip-minilm", action="store_true", help="skip (c)")
+    ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
 
     t0 = time.perf_counter()
     result: dict = {

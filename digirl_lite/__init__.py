@@ -11,7 +11,8 @@ import importlib
 
 __version__ = "0.1.0"
 
-_SUBMODULES = ("actions", "data", "filters", "prompts")
+_SUBMODULES = ("actions", "critics", "data", "envs", "filters", "judge", "policy", "prompts",
+               "rollout", "train", "vision")
 
 __all__ = ["__version__", *_SUBMODULES]
 

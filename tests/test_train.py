@@ -1,0 +1,204 @@
+"""The trainer: each step on small data, checkpoints, resume after kill -9, the main job."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from digirl_lite.data import Ending, ScreenTable, load_trajectories
+from digirl_lite.envs.sim.pile import generate_demos, generate_pile
+from digirl_lite.train.config import DigiRLConfig, sim_quick
+from digirl_lite.train.trainer import Trainer
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def tiny_cfg():
+    return sim_quick(sft_demos=20, sft_updates=5, pile_size=6, iterations=1,
+                     rollouts_per_iteration=4, n_envs=4, eval_tasks=4)
+
+
+def _trainer(cfg, tmp_path, name="run"):
+    return Trainer(cfg, tmp_path / name, cache_dir=None, progress=False)
+
+
+def _with_features(trainer, trajs, screens):
+    trainer.screens.merge(screens)
+    trainer._fill_features(trainer.screens)
+    return trajs
+
+
+def test_config_validates_and_round_trips():
+    cfg = sim_quick()
+    assert DigiRLConfig.from_dict(cfg.as_dict()) == cfg
+    with pytest.raises(ValueError, match="algorithm"):
+        DigiRLConfig(algorithm="ppo")
+    with pytest.raises(ValueError, match="unknown config fields"):
+        DigiRLConfig.from_dict({"iterationz": 3})
+    # the paper's defaults where the simulator preset does not change them
+    d = DigiRLConfig()
+    assert (d.rollouts_per_iteration, d.capacity, d.critic_updates, d.actor_updates,
+            d.actor_batch, d.actor_lr, d.actor_grad_clip, d.top_p, d.lam) == \
+        (16, 5000, 5, 20, 128, 1e-4, 0.01, 0.1, 0.5)
+
+
+def test_critic_updates_lower_the_loss(tiny_cfg, tmp_path):
+    t = _trainer(tiny_cfg, tmp_path)
+    trajs = _with_features(t, *generate_pile("webshop", n=24, seed=1)[:2])
+    t.buffer.add(trajs)
+    from digirl_lite.critics.data import instruction_batch, step_batches
+    from digirl_lite.critics.losses import instruction_critic_loss, step_critic_loss
+
+    def losses():
+        train = t.buffer.trajectories("train")
+        with torch.no_grad():
+            b = next(step_batches(train, t.screens, t.text, 10_000, shuffle=False))
+            return (step_critic_loss(t.step_critic, b).item(),
+                    instruction_critic_loss(t.instr_critic,
+                                            instruction_batch(train, t.text)).item())
+
+    s0, i0 = losses()
+    t.cfg.critic_batch = 64
+    t.critic_opt = torch.optim.Adam(list(t.step_critic.parameters())
+                                    + list(t.instr_critic.parameters()), lr=1e-3)
+    t.train_critics(60)
+    s1, i1 = losses()
+    assert s1 < s0 and i1 < i0
+
+
+def test_select_steps_filtered_bc_and_digirl(tiny_cfg, tmp_path):
+    t = _trainer(tiny_cfg, tmp_path)
+    trajs = _with_features(t, *generate_pile("webshop", n=40, seed=2)[:2])
+    wins = [x for x in trajs if x.is_success]
+    assert wins
+    fbc = _trainer(DigiRLConfig.from_dict({**tiny_cfg.as_dict(),
+                                           "algorithm": "filtered_bc"}), tmp_path, "fbc")
+    fbc.screens = t.screens
+    steps, kept = fbc.select_steps(trajs, instruction_filter=True)
+    assert kept["kept_trajectories"] == len(wins)
+    assert len(steps) == sum(len(x) for x in wins)  # every step of every success
+    steps, kept = t.select_steps(trajs, instruction_filter=True)
+    assert 0 < kept["kept_trajectories"] <= len(trajs)
+    assert all(s.action.is_valid for s in steps)
+    # offline: every success, with the step filter (a subset of their steps)
+    steps_off, kept_off = t.select_steps(trajs, instruction_filter=False)
+    assert kept_off["kept_trajectories"] == len(wins)
+    ids = {(x.traj_id, i) for x in wins for i in range(len(x))}
+    assert len(steps_off) <= len(ids)
+
+
+def test_actor_updates_change_the_policy_and_raise_likelihood(tiny_cfg, tmp_path):
+    t = _trainer(tiny_cfg, tmp_path)
+    demos = _with_features(t, *generate_demos("webshop", n=6, seed=0)[:2])
+    steps = [s for d in demos for s in d.steps]
+    before = {k: v.clone() for k, v in t.policy.model.state_dict().items()}
+    from digirl_lite.train.trainer import steps_to_batch
+
+    p, f, a = steps_to_batch(steps, t.screens)
+    lp0 = t.policy.log_prob(p, f, a).mean().item()
+    t.cfg.actor_lr = 1e-3
+    t.actor_opt = torch.optim.AdamW(t.policy.model.parameters(), lr=1e-3)
+    t.train_actor(steps, 30)
+    lp1 = t.policy.log_prob(p, f, a).mean().item()
+    assert lp1 > lp0 + 5
+    changed = [k for k, v in t.policy.model.state_dict().items() if not torch.equal(v, before[k])]
+    assert "image_dense.weight" in changed and "gate_dense.weight" in changed
+
+
+def test_checkpoint_round_trip(tiny_cfg, tmp_path):
+    t = _trainer(tiny_cfg, tmp_path)
+    trajs = _with_features(t, *generate_pile("webshop", n=8, seed=3)[:2])
+    t._store_append(trajs)
+    t.buffer.add(trajs)
+    t.train_critics(3)
+    t.iteration, t.online_trajectories = 4, 64
+    t.save_checkpoint()
+    u = _trainer(tiny_cfg, tmp_path)
+    assert u.load_checkpoint()
+    assert (u.iteration, u.online_trajectories) == (4, 64)
+    assert [x.traj_id for x in u.buffer] == [x.traj_id for x in t.buffer]
+    for k, v in t.step_critic.state_dict().items():
+        assert torch.equal(v, u.step_critic.state_dict()[k])
+    for k, v in t.policy.model.state_dict().items():
+        assert torch.equal(v, u.policy.model.state_dict()[k])
+    assert u.rng.integers(0, 10**9) == t.rng.integers(0, 10**9)
+
+
+def _run(args, **kw):
+    return subprocess.Popen([sys.executable, str(ROOT / "recipes" / "offline_to_online.py"),
+                             *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, **kw)
+
+
+QUICK = ["--quick", "--cache-dir", "", "--quiet", "--set", "eval_tasks=8", "n_envs=8"]
+
+
+@pytest.mark.slow
+def test_main_job_quick_run_writes_its_artifacts(tmp_path):
+    out = tmp_path / "quick"
+    p = _run([*QUICK, "--out", str(out)])
+    stdout, _ = p.communicate(timeout=900)
+    assert p.returncode == 0, stdout[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert set(summary["stages"]) >= {"copier", "offline", "online"}
+    for stage in ("copier", "offline", "online"):
+        r = summary["stages"][stage]
+        assert 0.0 <= r["success_rate"] <= 1.0 and r["episodes"] == 8
+    assert summary["online_trajectories"] == 2 * 8
+    assert (out / "learning_curve.png").stat().st_size > 1000
+    lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["iteration"] for r in lines if r.get("stage") == "online"] == [1, 2]
+    assert "held-out success" in stdout and "digirl" in stdout
+    # training changed the policy: the final weights differ from a fresh preset's
+    from digirl_lite.policy import AutoUIPolicy
+
+    latest = (out / "checkpoints" / "latest").read_text().strip()
+    final = AutoUIPolicy.load(out / "checkpoints" / latest / "policy")
+    fresh = AutoUIPolicy.sim_preset(seed=0)
+    assert not torch.equal(final.model.image_dense.weight, fresh.model.image_dense.weight)
+    trajs, _ = load_trajectories(out / "store")
+    assert len(trajs) == 24 + 16 and len({t.traj_id for t in trajs}) == len(trajs)
+
+
+@pytest.mark.slow
+def test_resume_after_kill_loses_and_repeats_nothing(tmp_path):
+    out = tmp_path / "killed"
+    args = [*QUICK, "--out", str(out), "--set", "iterations=4", "eval_tasks=4"]
+    p = _run(args, start_new_session=True)
+    metrics = out / "metrics.jsonl"
+    deadline = time.time() + 600
+    while time.time() < deadline:
+        if metrics.is_file() and '"iteration": 2' in metrics.read_text():
+            break
+        if p.poll() is not None:
+            pytest.fail("the run ended before it could be killed")
+        time.sleep(0.2)
+    time.sleep(1.5)  # land somewhere inside iteration 3
+    os.kill(p.pid, signal.SIGKILL)
+    p.wait()
+    q = _run([*args, "--resume"])
+    stdout, _ = q.communicate(timeout=900)
+    assert q.returncode == 0, stdout[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["online_trajectories"] == 4 * 8
+    trajs, _ = load_trajectories(out / "store")
+    online = [t for t in trajs if t.source.value == "online"]
+    assert len({t.traj_id for t in trajs}) == len(trajs)  # nothing stored twice
+    assert len(online) == 4 * 8
+    assert sorted({t.iteration for t in online}) == [1, 2, 3, 4]
+    lines = [json.loads(x) for x in metrics.read_text().splitlines()]
+    assert any(r.get("stage") == "resume" for r in lines)
+    assert summary["buffer"]["total"] == len(trajs)  # every stored trajectory is buffered
+    assert np.isfinite(summary["stages"]["online"]["success_rate"])
+    assert not any(t.ending is Ending.INFRA for t in online)
+    assert ScreenTable  # imported for type context
