@@ -16,7 +16,7 @@ from digirl_lite.policy.tokenizer import sim_corpus, train_sim_tokenizer
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default="data/tokenizer")
-    ap.add_argument("--vocab-size", type=int, default=1000)
+    ap.add_argument("--vocab-size", type=int, default=11_000)
     ap.add_argument("--demos", type=int, default=300)
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)

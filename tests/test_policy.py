@@ -44,6 +44,7 @@ def test_shipped_tokenizer_is_compact_and_exact():
         assert tok.decode(ids) == text
         assert len(ids) <= 40
     assert len(tok.encode(HOME)) <= 10
+    assert len(tok.encode(TAP)) == 15  # each 4-decimal coordinate is one piece
     ids = tok.encode(PROMPT)
     assert ids[-1] == 1 and ids.count(1) == 1  # the literal </s> is the one eos
     assert len(tok.encode("x " * 600, max_length=512)) == 512
@@ -51,15 +52,15 @@ def test_shipped_tokenizer_is_compact_and_exact():
 
 def test_tokenizer_training_is_deterministic():
     lines = sim_corpus(n_demos=20)
-    a = train_sim_tokenizer(lines, vocab_size=600)
-    b = train_sim_tokenizer(lines, vocab_size=600)
+    a = train_sim_tokenizer(lines, vocab_size=11_000)
+    b = train_sim_tokenizer(lines, vocab_size=11_000)
     assert a.serialized() == b.serialized()
 
 
 def test_preset_sizes():
     p = AutoUIPolicy.sim_preset(seed=0)
     assert p.img_dim == 512
-    assert 0.8e6 < p.num_parameters() < 2e6
+    assert 1e6 < p.num_parameters() < 3e6  # 1.2M of model + 1.4M of embeddings
     m = p.model
     assert m.image_dense.in_features == 512 and m.image_dense.out_features == 128
     assert m.gate_dense.in_features == 256 and m.mha_layer.num_heads == 1

@@ -30,8 +30,12 @@ ACTION_PIECES = (
     ']", "typed_text": "',
     "DUAL_POINT", "TYPE", "PRESS_BACK", "PRESS_HOME", "PRESS_ENTER",
     "STATUS_TASK_COMPLETE", "TASK_IMPOSSIBLE",
-    "-1.0, -1.0", "0.", "Previous Actions:", "Goal:", "</s>",
+    "-1.0, -1.0", "Previous Actions:", "Goal:", "</s>",
 )
+COORD_PIECES = tuple(f"0.{i:04d}" for i in range(10_000)) + ("1.0000",)
+"""Every 4-decimal coordinate is one piece: the tiny model then picks a coordinate as one
+token instead of counting four digits (with digits split it repeated digits, "0.0700000...",
+and never produced an exact tap)."""
 
 
 class SPTokenizer:
@@ -150,7 +154,7 @@ def sim_corpus(seed: int = 0, n_demos: int = 300) -> list[str]:
     return lines
 
 
-def train_sim_tokenizer(lines: Sequence[str], vocab_size: int = 1000,
+def train_sim_tokenizer(lines: Sequence[str], vocab_size: int = 11_000,
                         seed: int = 0) -> SPTokenizer:
     """Train the preset's sentencepiece model (unigram) on ``lines``; deterministic."""
     import sentencepiece as spm
@@ -160,7 +164,8 @@ def train_sim_tokenizer(lines: Sequence[str], vocab_size: int = 1000,
         sentence_iterator=iter(lines), model_writer=buf, vocab_size=vocab_size,
         model_type="unigram", character_coverage=1.0, byte_fallback=True, split_digits=True,
         # pieces are matched after spaces become "▁" (U+2581)
-        user_defined_symbols=[p.replace(" ", "\u2581") for p in ACTION_PIECES],
+        user_defined_symbols=[p.replace(" ", "\u2581") for p in ACTION_PIECES]
+        + list(COORD_PIECES),
         pad_id=PAD_ID, eos_id=EOS_ID, unk_id=UNK_ID, bos_id=-1,
         pad_piece="<pad>", eos_piece="<eos>", unk_piece="<unk>",
         add_dummy_prefix=False, remove_extra_whitespaces=False, normalization_rule_name="identity",
