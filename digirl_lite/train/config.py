@@ -36,7 +36,7 @@ class DigiRLConfig:
     # -- starting policy (the AutoUI role: a copier of people) -----------------------------
     sft_demos: int = 400
     """Expert demonstrations on clean screens for supervised fine-tuning (this project)."""
-    sft_updates: int = 1500
+    sft_updates: int = 1000
     """SFT updates (batch ``sft_batch``); enough for the tiny preset to copy the expert."""
     sft_batch: int = 64
     sft_lr: float = 1e-3
