@@ -15,8 +15,7 @@ frozen text encoders they read, and the batches they train on.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from digirl_lite._lazy import lazy_exports
 
 _EXPORTS = {
     # heads
@@ -51,12 +50,4 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str) -> Any:
-    mod = _EXPORTS.get(name)
-    if mod is None:
-        raise AttributeError(f"module 'digirl_lite.critics' has no attribute {name!r}")
-    return getattr(importlib.import_module(f"digirl_lite.critics.{mod}"), name)
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_EXPORTS))
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -5,7 +5,7 @@ Imported lazily: ``import digirl_lite.policy`` does not import torch until a nam
 
 from __future__ import annotations
 
-import importlib
+from digirl_lite._lazy import lazy_exports
 
 _NAMES = {
     "AutoUIPolicy": "digirl_lite.policy.policy",
@@ -20,7 +20,4 @@ _NAMES = {
 __all__ = list(_NAMES)
 
 
-def __getattr__(name: str):
-    if name in _NAMES:
-        return getattr(importlib.import_module(_NAMES[name]), name)
-    raise AttributeError(f"module 'digirl_lite.policy' has no attribute {name!r}")
+__getattr__, __dir__ = lazy_exports(__name__, _NAMES)

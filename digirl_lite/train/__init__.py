@@ -4,7 +4,7 @@ Imported lazily (torch is loaded when the trainer is used)."""
 
 from __future__ import annotations
 
-import importlib
+from digirl_lite._lazy import lazy_exports
 
 _NAMES = {
     "Trainer": "digirl_lite.train.trainer",
@@ -20,7 +20,4 @@ _NAMES = {
 __all__ = list(_NAMES)
 
 
-def __getattr__(name: str):
-    if name in _NAMES:
-        return getattr(importlib.import_module(_NAMES[name]), name)
-    raise AttributeError(f"module 'digirl_lite.train' has no attribute {name!r}")
+__getattr__, __dir__ = lazy_exports(__name__, _NAMES)

@@ -14,8 +14,9 @@ transformers only when a :class:`Blip2Features` is built.
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING
+
+from digirl_lite._lazy import lazy_exports
 
 if TYPE_CHECKING:  # pragma: no cover
     from digirl_lite.vision.blip2 import Blip2Features
@@ -32,11 +33,4 @@ _WHERE = {
 }
 
 
-def __getattr__(name: str):
-    if name in _WHERE:
-        return getattr(importlib.import_module(_WHERE[name]), name)
-    raise AttributeError(f"module 'digirl_lite.vision' has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_exports(__name__, _WHERE)
