@@ -147,7 +147,11 @@ QUICK = ["--quick", "--cache-dir", "", "--quiet", "--set", "eval_tasks=8", "n_en
 def test_main_job_quick_run_writes_its_artifacts(tmp_path):
     out = tmp_path / "quick"
     p = _run([*QUICK, "--out", str(out)])
-    stdout, _ = p.communicate(timeout=900)
+    try:
+        stdout, _ = p.communicate(timeout=1500)
+    finally:
+        if p.poll() is None:
+            p.kill()  # our own child: never leave it running
     assert p.returncode == 0, stdout[-3000:]
     summary = json.loads((out / "summary.json").read_text())
     assert set(summary["stages"]) >= {"copier", "offline", "online"}
@@ -176,7 +180,7 @@ def test_resume_after_kill_loses_and_repeats_nothing(tmp_path):
     args = [*QUICK, "--out", str(out), "--set", "iterations=4", "eval_tasks=4"]
     p = _run(args, start_new_session=True)
     metrics = out / "metrics.jsonl"
-    deadline = time.time() + 600
+    deadline = time.time() + 1200
     while time.time() < deadline:
         if metrics.is_file() and '"iteration": 2' in metrics.read_text():
             break
@@ -187,7 +191,11 @@ def test_resume_after_kill_loses_and_repeats_nothing(tmp_path):
     os.kill(p.pid, signal.SIGKILL)
     p.wait()
     q = _run([*args, "--resume"])
-    stdout, _ = q.communicate(timeout=900)
+    try:
+        stdout, _ = q.communicate(timeout=1500)
+    finally:
+        if q.poll() is None:
+            q.kill()
     assert q.returncode == 0, stdout[-3000:]
     summary = json.loads((out / "summary.json").read_text())
     assert summary["online_trajectories"] == 4 * 8
