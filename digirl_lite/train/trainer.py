@@ -134,6 +134,7 @@ class Trainer:
         self.summary: dict[str, Any] = {"config": cfg.as_dict(), "stages": {}}
         self.curve: list[tuple[int, float]] = []
         self._fleet = None
+        self._tasks = None
 
     # -- plumbing -----------------------------------------------------------------------
     @staticmethod
@@ -173,9 +174,12 @@ class Trainer:
                                 self.cfg.temperature, self.cfg.max_new_tokens)
 
     def _train_tasks(self):
-        return self.fleet().envs[0].tasks if hasattr(self.fleet(), "envs") else \
-            __import__("digirl_lite.envs.sim", fromlist=["SimPhoneEnv"]).SimPhoneEnv(
-                self.cfg.world).tasks
+        """The world's train task list (loaded once; the fleet's workers load their own)."""
+        if self._tasks is None:
+            from digirl_lite.envs.sim import SimPhoneEnv
+
+            self._tasks = SimPhoneEnv(self.cfg.world).tasks
+        return self._tasks
 
     def _cache_key(self, *parts: Any) -> str:
         return hashlib.blake2b(json.dumps(parts, sort_keys=True, default=str).encode(),
