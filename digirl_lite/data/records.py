@@ -81,6 +81,10 @@ class Step:
         timings: seconds spent per phase, e.g. ``{"policy_s": .., "env_s": .., "judge_s": ..}``.
         verdict: the judge's verdict on ``next_screen_id`` (None where no judge ran).
         judge_reply: the judge's reply text, if any.
+        policy_version: the version of the policy weights that wrote ``action_text`` (the
+            fleet's counter, bumped by the learner), so the staleness of asynchronous
+            collection is measurable; -1 where unknown (offline pile, imports, stores
+            written before the field existed).
 
     Image features are looked up by ``screen_id`` in the :class:`ScreenTable` (stored once
     per screen): ``screens.features([step.screen_id])``.
@@ -98,6 +102,7 @@ class Step:
     timings: Mapping[str, float] = field(default_factory=dict)
     verdict: Verdict | None = None
     judge_reply: str | None = None
+    policy_version: int = -1
 
     def __post_init__(self) -> None:
         if not math.isfinite(self.reward):

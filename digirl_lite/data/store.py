@@ -91,7 +91,7 @@ def _features(feature_dim: int | None) -> dict[str, Any]:
         "lift_x": v("float64"), "typed_text": v("string"), "invalid_reason": v("string"),
         "reward": v("float64"), "done": v("bool"), "screen_id": v("string"),
         "next_screen_id": v("string"), "mc_return": v("float64"), "timings_json": v("string"),
-        "verdict": v("string"), "judge_reply": v("string"),
+        "verdict": v("string"), "judge_reply": v("string"), "policy_version": v("int64"),
     })
     screen_cols = {"screen_id": v("string"), "image": ds.Image(), "source_path": v("string")}
     if feature_dim:
@@ -123,7 +123,7 @@ def _step_row(t: Trajectory, i: int, s: Step) -> dict[str, Any]:
         "next_screen_id": s.next_screen_id, "mc_return": float(s.mc_return),
         "timings_json": json.dumps(dict(s.timings), sort_keys=True),
         "verdict": s.verdict.value if s.verdict is not None else None,
-        "judge_reply": s.judge_reply,
+        "judge_reply": s.judge_reply, "policy_version": int(s.policy_version),
     }
 
 
@@ -142,6 +142,7 @@ def _step_from_row(r: dict[str, Any]) -> Step:
         screen_id=r["screen_id"], next_screen_id=r["next_screen_id"],
         mc_return=r["mc_return"], timings=json.loads(r["timings_json"] or "{}"),
         verdict=r["verdict"], judge_reply=r["judge_reply"],
+        policy_version=r.get("policy_version", -1),
     )
 
 
@@ -323,6 +324,10 @@ class TrajectoryStore:
                 dset = ds.load_from_disk(str(where))
         except Exception as e:
             raise StoreError(f"cannot read {where}: {type(e).__name__}: {e}") from e
+        if (table == "steps" and "policy_version" not in dset.features
+                and set(dset.features) | {"policy_version"} == set(expected)):
+            # written before steps recorded their policy version: unknown (-1)
+            dset = dset.add_column("policy_version", [-1] * dset.num_rows).cast(expected)
         if dset.features != expected:
             got = set(dset.features)
             want = set(expected)

@@ -66,8 +66,12 @@ class EpisodeRecorder:
         self.states: list[Any] = [obs.state]  # ground truth where the env has it (sim)
 
     def record(self, action_text: str, nobs: Observation, reward: float, terminated: bool,
-               truncated: bool, info: dict[str, Any], policy_s: float = 0.0) -> bool:
-        """Add one step; return True when the episode is over (see :attr:`trajectory`)."""
+               truncated: bool, info: dict[str, Any], policy_s: float = 0.0,
+               policy_version: int = -1) -> bool:
+        """Add one step; return True when the episode is over (see :attr:`trajectory`).
+
+        ``policy_version``: the version of the weights that wrote ``action_text``.
+        """
         nsid = record_screen(self.screens, nobs, self.record_size)
         verdict = info.get("verdict")
         self.steps.append(Step(
@@ -76,7 +80,7 @@ class EpisodeRecorder:
             screen_id=self.sid, next_screen_id=nsid,
             timings={"policy_s": policy_s, **info.get("timings", {})},
             verdict=Verdict(verdict) if verdict is not None else None,
-            judge_reply=info.get("judge_reply"),
+            judge_reply=info.get("judge_reply"), policy_version=int(policy_version),
         ))
         self.obs, self.sid = nobs, nsid
         self.states.append(nobs.state)

@@ -1,0 +1,156 @@
+"""``AndroidEnv``: a real (emulated) Android phone behind the shared environment interface.
+
+The same episode rules as the simulated phone (:mod:`digirl_lite.envs.sim.env`): H steps, a
+judge after every step, STATUS_TASK_COMPLETE / TASK_IMPOSSIBLE end the episode, malformed
+text is a no-op that costs a step. What only a real device does: screenshots can come back
+blank (retried while more than 93.4% near-white, spec/DIGIRL.md section 4), calls can hang
+(per-call timeouts) and sessions can drop (reconnects). A device that stays unreachable ends
+the episode as an infrastructure truncation, never as an agent failure.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from digirl_lite.actions import KEYCODE_HOME, parse_action, to_gesture
+from digirl_lite.data.records import Verdict
+from digirl_lite.envs.android.device import AndroidConfig, AppiumDevice, DeviceUnavailable
+from digirl_lite.envs.base import TRUNCATION_BUDGET, TRUNCATION_INFRA, Observation
+from digirl_lite.judge.base import JudgeResult
+from digirl_lite.judge.guards import is_blank
+from digirl_lite.prompts import build_prompt
+
+__all__ = ["AndroidEnv"]
+
+
+class AndroidEnv:
+    """One Android device as an :class:`~digirl_lite.envs.base.Env`.
+
+    Args:
+        config: how to reach the device (:class:`AndroidConfig`).
+        judge: gives the rewards (e.g. ``make_judge({...})``); None: every step is UNJUDGED
+            (recorded, never trained on).
+        horizon: step budget H (20 Web Shopping, 10 General).
+        reset: ``"home"`` (Darwin's minimal reset: press Home, state persists) or a callable
+            ``() -> None`` (e.g. an :class:`EmulatorManager` snapshot reset for this slot).
+        device: an already-built :class:`AppiumDevice` (tests); else one is connected lazily.
+        sleep: ``time.sleep`` (tests pass a no-op).
+    """
+
+    def __init__(self, config: AndroidConfig, judge: Any = None, horizon: int = 20,
+                 reset: Any = "home", device: AppiumDevice | None = None,
+                 sleep: Any = time.sleep) -> None:
+        if horizon <= 0:
+            raise ValueError(f"horizon must be positive, got {horizon}")
+        if reset != "home" and not callable(reset):
+            raise ValueError("reset must be 'home' or a callable")
+        self.config, self.judge, self.horizon = config, judge, horizon
+        self._reset, self._sleep = reset, sleep
+        self.device = device
+        self.task: str | None = None
+        self._steps = 0
+        self._done = True
+        self._obs: Observation | None = None
+        self._last_action_text: str | None = None
+
+    def _device(self) -> AppiumDevice:
+        if self.device is None:
+            self.device = AppiumDevice(self.config, connect=False)
+        return self.device
+
+    def _capture(self) -> tuple[Any, int]:
+        """A screenshot, retried while blank; returns (image or None if still blank,
+        blank captures)."""
+        dev = self._device()
+        for blanks in range(self.config.blank_retries + 1):
+            img = dev.screenshot()
+            if not is_blank(img):
+                return img, blanks
+            if blanks < self.config.blank_retries:
+                self._sleep(self.config.blank_wait_s)
+        return None, self.config.blank_retries + 1
+
+    def _observe(self, img) -> Observation:
+        return Observation(img, build_prompt(self.task, self._last_action_text), self.task,
+                           self._steps)
+
+    def reset(self, task: Any = None, seed: int | None = None):
+        """Start an episode on the home screen. A device that cannot be reached raises
+        :class:`DeviceUnavailable` (a fleet records that as an infrastructure failure)."""
+        del seed  # a real phone is not seeded
+        if task is None:
+            raise ValueError("AndroidEnv.reset needs a task (an instruction)")
+        self.task = getattr(task, "text", None) or str(task)
+        if callable(self._reset):
+            self._reset()
+            if self.device is not None:
+                self.device.quit()  # the session does not survive a snapshot load
+        else:
+            self._device().press_keys([KEYCODE_HOME])
+        self._steps, self._done, self._last_action_text = 0, False, None
+        if self.judge is not None:
+            self.judge.reset()
+        img, _ = self._capture()
+        if img is None:
+            raise DeviceUnavailable("blank screen after reset")
+        self._obs = self._observe(img)
+        return self._obs, {"task": self.task, "horizon": self.horizon}
+
+    def _infra(self, info: dict, reason: str):
+        self._done = True
+        info.update(truncation=TRUNCATION_INFRA, verdict=None, success=False, reason=reason)
+        return self._obs, 0.0, False, True, info
+
+    def step(self, action_text: str):
+        """Apply one action string. Returns ``(obs, reward, terminated, truncated, info)``."""
+        if self._done:
+            raise RuntimeError("the episode is over (or never started): call reset()")
+        t0 = time.perf_counter()
+        action = parse_action(action_text)
+        self._steps += 1
+        info: dict[str, Any] = {"step": self._steps, "action": action, "truncation": None,
+                                "reason": None, "invalid_reason": action.invalid_reason}
+        prev = self._obs
+        try:
+            dev = self._device()
+            if action.is_valid and not action.ends_episode:
+                dev.perform(to_gesture(action, *dev.window_size()))
+                self._sleep(self.config.settle_s)
+            img, blanks = self._capture()
+        except DeviceUnavailable as e:
+            return self._infra(info, f"step {self._steps}: {e}")
+        info["blank_captures"] = blanks
+        if img is None:
+            return self._infra(info, f"blank screenshot at step {self._steps} after "
+                                     f"{self.config.blank_retries} retries")
+        self._last_action_text = action_text if action.is_valid else str(action_text)[:300]
+        self._obs = self._observe(img)
+        t_env = time.perf_counter() - t0
+        result = self._judge(prev, self._obs)
+        terminated = result.verdict is Verdict.SUCCESS or action.ends_episode
+        truncated = not terminated and self._steps >= self.horizon
+        if truncated:
+            info.update(truncation=TRUNCATION_BUDGET,
+                        reason=f"step budget H = {self.horizon} ran out")
+        self._done = terminated or truncated
+        info.update(success=result.verdict is Verdict.SUCCESS, verdict=result.verdict,
+                    judge_reply=result.reply, judge_skipped=result.skipped,
+                    timings={"env_s": t_env, "judge_s": result.latency_s})
+        return self._obs, result.reward, terminated, truncated, info
+
+    def _judge(self, prev: Observation | None, cur: Observation) -> JudgeResult:
+        t = time.perf_counter()
+        if self.judge is None:
+            return JudgeResult(Verdict.UNJUDGED, skipped="no judge configured")
+        try:
+            r = self.judge.judge(self.task, prev.screenshot if prev else None, cur.screenshot)
+        except Exception as e:  # a judge failure must not end the run or become a 0
+            return JudgeResult(Verdict.UNJUDGED, skipped=f"judge raised {type(e).__name__}: {e}",
+                               latency_s=time.perf_counter() - t)
+        return r
+
+    def close(self) -> None:
+        self._done = True
+        if self.device is not None:
+            self.device.quit()

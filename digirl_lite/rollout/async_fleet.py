@@ -1,0 +1,304 @@
+"""Asynchronous collection (spec/DARWIN.md section A.1): no phone waits for another.
+
+Each device has a worker thread that resets its phone, waits for an action, steps, and pushes
+the finished step to one central queue. The fleet's loop takes whatever is in the queue,
+records it, and runs one batched policy call on every phone that is ready at that moment
+(``min_batch`` / ``batch_wait_s`` trade a little waiting for bigger batches). A slow phone
+delays only its own episode; the number of phones is decoupled from the batch size.
+
+Two ways to use it:
+
+* ``collect(agent, tasks, screens, ...)``: every task once, episodes in task order (the
+  synchronous fleet's interface, so the trainer can swap fleets by name).
+* ``start(agent, tasks, screens, ...)`` then ``take(k)`` as often as the learner wants:
+  ``take`` returns the oldest ``k`` *completed* trajectories once that many are in and
+  carries the rest over; active episodes keep running meanwhile (no bootstrapping from a
+  truncated middle). Wrap weight updates in ``with fleet.updating_policy():`` so no batch is
+  sampled from half-updated weights; each step records the ``policy_version`` that wrote it,
+  so staleness is measurable. ``stop()`` discards the episodes still running.
+
+Devices run where :mod:`.devices` puts them: ``backend="local"`` (threads over in-process
+environments: for phones whose steps wait on a device, not on this CPU) or ``"process"``.
+The Ray fleet (:mod:`.ray_fleet`) reuses this loop with devices in Ray actors.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import queue
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+from digirl_lite.data.records import ScreenTable, Source
+from digirl_lite.envs.base import Observation
+from digirl_lite.rollout.devices import DeviceError
+from digirl_lite.rollout.episode import RECORD_SIZE
+from digirl_lite.rollout.fleet import (
+    BatchAgent,
+    Episode,
+    _DeviceFleet,
+    _FaultKeeper,
+    _Recording,
+    begin_episode,
+    log,
+    make_devices,
+    record_result,
+    reset_device,
+    restart_device,
+)
+
+__all__ = ["AsyncFleet"]
+
+_STOP = object()
+
+
+class AsyncFleet(_DeviceFleet):
+    """Per-device workers, a central inference queue, completed trajectories on demand.
+
+    Args:
+        make_env: callable ``slot -> env`` (picklable for ``backend="process"``).
+        n_envs: number of phones (workers).
+        backend: ``"local"`` or ``"process"`` (see :mod:`.devices`).
+        min_batch: the policy runs once this many phones are ready, or after
+            ``batch_wait_s``, or when no other phone is busy.
+        batch_wait_s: longest wait for ``min_batch`` phones (0: batch whatever is ready).
+        record_size: screenshot size workers send back (process backend).
+        timeout_s: per-call limit for process workers.
+        max_consecutive_faults: infrastructure truncations in a row before a device is reset.
+    """
+
+    def __init__(self, make_env: Callable[[int], Any], n_envs: int = 16, *,
+                 backend: str = "local", min_batch: int = 1, batch_wait_s: float = 0.0,
+                 record_size: tuple[int, int] | None = RECORD_SIZE, timeout_s: float = 120.0,
+                 max_consecutive_faults: int = 3, devices: list[Any] | None = None) -> None:
+        if n_envs < 1 or min_batch < 1 or batch_wait_s < 0:
+            raise ValueError("n_envs and min_batch must be >= 1, batch_wait_s >= 0")
+        self.n_envs, self.make_env = n_envs, make_env
+        self.min_batch, self.batch_wait_s = min_batch, batch_wait_s
+        self.policy_version = 0
+        self._faults = _FaultKeeper(max_consecutive_faults)
+        self.devices = devices if devices is not None else make_devices(
+            make_env, n_envs, backend, record_size, timeout_s)
+        self._policy_lock = threading.Lock()
+        self._loop: threading.Thread | None = None
+
+    # -- the learner's side -------------------------------------------------------------
+    @contextlib.contextmanager
+    def updating_policy(self, version: int | None = None):
+        """Hold inference while the weights change; afterwards steps carry ``version``
+        (default: the current version + 1)."""
+        with self._policy_lock:
+            yield
+            self.policy_version = self.policy_version + 1 if version is None else version
+
+    def collect(
+        self, agent: BatchAgent | None, tasks: Sequence[Any], screens: ScreenTable, *,
+        id_prefix: str, source: Source = Source.ONLINE, iteration: int = -1,
+        seed: int = 0, record_size: tuple[int, int] | None = RECORD_SIZE,
+        on_step: Callable[[int, Observation], None] | None = None,
+    ) -> list[Episode]:
+        """Run every task once; returns episodes in task order (as :class:`SyncFleet`)."""
+        self.start(agent, tasks, screens, id_prefix=id_prefix, source=source,
+                   iteration=iteration, seed=seed, record_size=record_size, on_step=on_step)
+        try:
+            self._finished.wait()
+            self._raise_if_failed()
+            done = dict(self._take_all())
+        finally:
+            self.stop()
+        return [done[k] for k in range(len(tasks))]
+
+    def start(
+        self, agent: BatchAgent | None, tasks: Iterable[Any], screens: ScreenTable, *,
+        id_prefix: str, source: Source = Source.ONLINE, iteration: int = -1,
+        seed: int = 0, record_size: tuple[int, int] | None = RECORD_SIZE,
+        on_step: Callable[[int, Observation], None] | None = None,
+    ) -> None:
+        """Start collecting in the background; ``tasks`` may be endless (an iterator).
+
+        Task ``k`` (in ``tasks`` order) gets trajectory id ``{id_prefix}-{k:05d}`` and env
+        seed ``seed + k``. ``agent=None``: the devices choose their actions themselves
+        (devices with ``act_and_step``, e.g. the Ray fleet's ``worker_agent``).
+        """
+        if self._loop is not None:
+            raise RuntimeError("this fleet is already collecting: stop() first")
+        self._agent = agent
+        self._rec = _Recording(screens, id_prefix=id_prefix, source=source,
+                               iteration=iteration, seed=seed, record_size=record_size,
+                               on_step=on_step)
+        self._tasks = enumerate(tasks)
+        self._task_lock = threading.Lock()
+        self._events: queue.Queue = queue.Queue()
+        self._boxes = [queue.Queue() for _ in self.devices]
+        self._completed: deque[tuple[int, Episode]] = deque()
+        self._cond = threading.Condition()
+        self._finished = threading.Event()
+        self._stopping = threading.Event()
+        self._error: BaseException | None = None
+        self._workers = [threading.Thread(target=self._work, args=(d,), daemon=True,
+                                          name=f"fleet-device-{d.slot}") for d in self.devices]
+        self._loop = threading.Thread(target=self._run, daemon=True, name="fleet-loop")
+        for w in self._workers:
+            w.start()
+        self._loop.start()
+
+    def take(self, k: int = 16, timeout_s: float | None = None) -> list[Episode]:
+        """The oldest ``k`` completed episodes, once that many are in (fewer only when the
+        tasks ran out); completed ones beyond ``k`` are carried over to the next call.
+
+        Raises:
+            TimeoutError: fewer than ``k`` arrived in ``timeout_s``.
+        """
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        with self._cond:
+            while len(self._completed) < k and not self._finished.is_set() \
+                    and self._error is None:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    raise TimeoutError(f"{len(self._completed)} of {k} trajectories "
+                                       f"completed in {timeout_s} s")
+                self._cond.wait(left if left is not None else 1.0)
+            self._raise_if_failed()
+            n = min(k, len(self._completed))
+            return [self._completed.popleft()[1] for _ in range(n)]
+
+    def stop(self) -> None:
+        """Stop collecting; episodes still running are discarded (never recorded)."""
+        if self._loop is None:
+            return
+        self._stopping.set()
+        for box in self._boxes:
+            box.put(_STOP)
+        self._loop.join()
+        for w in self._workers:
+            w.join()
+        discarded = len(self._rec.active)
+        self.stats.discarded_unfinished += discarded
+        if discarded:
+            log.info("async fleet stopped: %d unfinished episodes discarded", discarded)
+        self._rec.active.clear()
+        self._loop = None
+
+    def close(self) -> None:
+        self.stop()
+        self._close_devices()
+
+    # -- workers: one thread per device; every call to a device happens here -----------
+    def _next_task(self) -> tuple[int, Any] | None:
+        with self._task_lock:
+            if self._stopping.is_set():
+                return None
+            return next(self._tasks, None)
+
+    def _work(self, device: Any) -> None:
+        box = self._boxes[device.slot]
+        while (item := self._next_task()) is not None:
+            k, task = item
+            outcome = reset_device(device, self._faults, task, self._rec.seed + k)
+            self._events.put(("reset", device.slot, (k, task, outcome)))
+            while True:
+                msg = box.get()
+                if msg is _STOP:
+                    return
+                if msg[0] == "over":
+                    if msg[1] is not None:  # a device error or a run of faults
+                        restart_device(device, self._faults, msg[1])
+                    break
+                if msg[0] == "act":
+                    _, text, version, policy_s = msg
+                    try:
+                        result = device.step(text)
+                    except DeviceError as e:
+                        result = e
+                else:  # "go": the device acts itself, with weights it was sent
+                    try:
+                        text, version, policy_s, result = device.act_and_step()
+                    except DeviceError as e:
+                        text, version, policy_s, result = "", -1, 0.0, e
+                self._events.put(("step", device.slot, (text, version, policy_s, result)))
+        self._events.put(("idle", device.slot, None))
+
+    # -- the loop: recording and batched inference (never calls a device) ---------------
+    def _run(self) -> None:
+        try:
+            self._loop_body()
+        except BaseException as e:  # an agent bug: surfaces in take()/collect()
+            self._error = e
+            self._stopping.set()
+            for box in self._boxes:
+                box.put(_STOP)
+        finally:
+            with self._cond:
+                self._finished.set()
+                self._cond.notify_all()
+
+    def _loop_body(self) -> None:
+        ready: dict[int, float] = {}  # slot -> when it became ready for an action
+        idle = 0
+        while not self._stopping.is_set():
+            if idle == len(self.devices):
+                return
+            try:
+                events = [self._events.get(timeout=0.05 if ready else 0.2)]
+            except queue.Empty:
+                events = []
+            with contextlib.suppress(queue.Empty):
+                while True:
+                    events.append(self._events.get_nowait())
+            for kind, slot, payload in events:
+                if kind == "idle":
+                    idle += 1
+                    continue
+                if kind == "reset":
+                    k, task, outcome = payload
+                    failed = begin_episode(slot, self._rec, self._faults, k, task, outcome)
+                    out = None if failed is None else (k, failed, None)
+                else:
+                    text, version, policy_s, result = payload
+                    out = record_result(slot, self._rec, self._faults, text, result,
+                                        policy_s, version)
+                if out is None and self._agent is None:
+                    self._boxes[slot].put(("go",))
+                elif out is None:
+                    ready[slot] = time.monotonic()
+                else:
+                    self._complete(out[0], out[1])
+                    self._boxes[slot].put(("over", out[2]))
+            if not ready:
+                continue
+            busy = len(self.devices) - idle - len(ready)  # resetting or stepping
+            if len(ready) < self.min_batch and busy > 0 \
+                    and time.monotonic() - min(ready.values()) < self.batch_wait_s:
+                continue
+            self._act(ready)
+
+    def _act(self, ready: dict[int, float]) -> None:
+        slots = sorted(ready)
+        obs = [self._rec.obs(s) for s in slots]
+        with self._policy_lock:
+            version = self.policy_version
+            t0 = time.perf_counter()
+            texts = self._agent.act_batch(slots, obs)
+        policy_s = (time.perf_counter() - t0) / len(slots)
+        for s, text in zip(slots, texts):
+            self._boxes[s].put(("act", text, version, policy_s))
+        ready.clear()
+
+    def _complete(self, k: int, episode: Episode) -> None:
+        with self._cond:
+            self._completed.append((k, episode))
+            self._cond.notify_all()
+
+    def _take_all(self) -> list[tuple[int, Episode]]:
+        with self._cond:
+            out = list(self._completed)
+            self._completed.clear()
+            return out
+
+    def _raise_if_failed(self) -> None:
+        if self._error is not None:
+            raise RuntimeError("asynchronous collection failed") from self._error
+
