@@ -6,12 +6,19 @@
 Writes ``OUT/{world}-seed{seed}/pile`` (the copier's attempts, paper sizes: Web Shopping 528,
 General 608) and ``.../demos`` (clean expert demonstrations) as trajectory stores, and
 ``stats.json``. Screenshots are stored at 270 x 570 (4x smaller per side), once per screen.
+
+The trainer's pile is the *starting policy's* own attempts (as in the paper), not the
+scripted copier's: ``--policy shipped`` (or ``sft``, or a policy directory) builds that one,
+exactly as the main job does, into ``OUT/pile-<key>`` (the main job's cache layout):
+
+    python recipes/make_pile.py --policy shipped --out runs/cache
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import tempfile
 import time
 from pathlib import Path
 
@@ -28,7 +35,24 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--slip-rate", type=float, default=DEFAULT_SLIP_RATE)
     ap.add_argument("--out", default="runs/piles")
+    ap.add_argument("--policy", default=None,
+                    help="build the trainer's pile with this starting policy instead")
     args = ap.parse_args(argv)
+    if args.policy:
+        from digirl_lite.train.config import sim_webshop
+        from digirl_lite.train.trainer import Trainer
+
+        overrides = {"starting_policy": args.policy, "world": args.world, "seed": args.seed}
+        if args.n:
+            overrides["pile_size"] = args.n
+        cfg = sim_webshop(**overrides)
+        with tempfile.TemporaryDirectory() as tmp:
+            trainer = Trainer(cfg, tmp, cache_dir=args.out)
+            trainer.build_starting_policy()
+            trajs = trainer.build_pile()
+        wins = sum(t.is_success for t in trajs)
+        print(f"{len(trajs)} trajectories, {wins} successes, cached under {args.out}")
+        return {"trajectories": len(trajs), "successes": wins}
 
     root = Path(args.out) / f"{args.world}-seed{args.seed}"
     report: dict = {"world": args.world, "seed": args.seed, "slip_rate": args.slip_rate}

@@ -66,7 +66,9 @@ class AutoUIModel(T5ForConditionalGeneration):
     """T5 with the gated image fusion of Auto-UI.
 
     Args:
-        config: a T5Config; ``config.img_dim`` (default 1408, BLIP-2) is the image size.
+        config: a T5Config; ``config.img_dim`` (default 1408, BLIP-2) is the image size;
+            ``config.img_scale`` (default 1.0, Auto-UI's fusion exactly) multiplies the image
+            vector before the fusion.
     """
 
     def __init__(self, config: T5Config) -> None:
@@ -74,6 +76,8 @@ class AutoUIModel(T5ForConditionalGeneration):
         d = config.d_model
         self.img_dim = int(getattr(config, "img_dim", 1408))
         config.img_dim = self.img_dim
+        self.img_scale = float(getattr(config, "img_scale", 1.0))
+        config.img_scale = self.img_scale
         self.image_dense = nn.Linear(self.img_dim, d)
         self.mha_layer = nn.MultiheadAttention(embed_dim=d, num_heads=1, batch_first=True)
         self.gate_dense = nn.Linear(2 * d, d)
@@ -82,6 +86,8 @@ class AutoUIModel(T5ForConditionalGeneration):
     def fuse(self, hidden: torch.Tensor, image_ids: torch.Tensor) -> torch.Tensor:
         """(B, T, d_model) encoder states + (B, d_img) image -> (B, T, d_model) fused states."""
         img = last_frame(image_ids, self.img_dim).to(hidden.dtype)
+        if self.img_scale != 1.0:
+            img = img * self.img_scale
         emb = self.image_dense(img).unsqueeze(1)  # (B, 1, d_model)
         att, _ = self.mha_layer(hidden, emb, emb, need_weights=False)  # (B, T, d_model)
         gate = torch.sigmoid(self.gate_dense(torch.cat([hidden, att], dim=-1)))

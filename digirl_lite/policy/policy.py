@@ -23,6 +23,12 @@ SIM_PRESET: dict[str, Any] = {
     # parameters, ~0.33 s per update of 64 steps).
     "d_model": 128, "d_kv": 32, "d_ff": 512, "num_layers": 2, "num_decoder_layers": 2,
     "num_heads": 4, "dropout_rate": 0.0, "img_dim": 512,
+    # The image vector enters the fusion scaled by 0.05. At scale 1 the tiny model, at the
+    # preset's learning rate, grew the image path until its attention output (norm ~1,100)
+    # drowned the text states (norm ~14): the SFT policy ignored its goal and typed the same
+    # domain for every task (0/30 held-out domains after 400 updates, vs 30/30 at 0.05 and
+    # 30/30 with no image at all). Smaller inputs also give the image path smaller gradients.
+    "img_scale": 0.05,
 }
 
 _POLICY_FILE = "digirl_policy.json"
@@ -55,6 +61,12 @@ class AutoUIPolicy:
     @property
     def img_dim(self) -> int:
         return self.model.img_dim
+
+    def to(self, device: str | torch.device) -> AutoUIPolicy:
+        """Move the model (in place) to ``device``; returns the policy."""
+        self.device = torch.device(device)
+        self.model.to(self.device)
+        return self
 
     def parameters(self):
         return self.model.parameters()
@@ -233,10 +245,10 @@ class AutoUIPolicy:
 
         tok = SPTokenizer(Path(tokenizer_dir or data_dir() / "tokenizer") / SIM_TOKENIZER_FILE)
         cfg = {**SIM_PRESET, **overrides}
-        img_dim = cfg.pop("img_dim")
+        img_dim, img_scale = cfg.pop("img_dim"), cfg.pop("img_scale", 1.0)
         config = T5Config(vocab_size=tok.vocab_size, pad_token_id=0, eos_token_id=1,
                           decoder_start_token_id=0, **cfg)
-        config.img_dim = img_dim
+        config.img_dim, config.img_scale = img_dim, img_scale
         torch.manual_seed(seed)
         return cls(AutoUIModel(config), tok)
 

@@ -7,10 +7,16 @@ time a laptop has; each such change is named).
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
 from typing import Any
 
-__all__ = ["DigiRLConfig", "sim_webshop", "sim_quick"]
+__all__ = ["ConfigError", "DigiRLConfig", "load_config", "sim_webshop", "sim_quick"]
+
+
+class ConfigError(ValueError):
+    """A configuration that cannot run (missing paths, bad values), raised before any work."""
 
 ALGORITHMS = ("digirl", "filtered_bc")
 STEP_FILTERS = ("paper", "released")
@@ -31,12 +37,48 @@ class DigiRLConfig:
     n_envs: int = 16
     """Phones in the fleet (one batched policy call per step)."""
     fleet: str = "local"
-    """"local" (environments in this process) or "process" (one worker each)."""
+    """"local"/"sync" (lockstep, environments in this process), "process" (lockstep, one
+    worker process each), "async" (per-phone workers, inference on whatever is ready) or
+    "ray" (asynchronous, phones in Ray actors): digirl_lite.rollout.make_fleet."""
+    fleet_options: dict[str, Any] = field(default_factory=dict)
+    """Passed to the fleet's constructor (e.g. ``{"address": "ray://head:10001"}``)."""
+    device: str = "cpu"
+    """Where the learner runs, through Accelerate: "cpu", "auto" (a GPU when there is one),
+    or "cuda". Under ``accelerate launch`` each process takes its own device."""
+    tensorboard: bool = False
+    """Also write the metrics as TensorBoard scalars to ``OUT/tensorboard`` (needs the
+    ``tensorboard`` extra)."""
+
+    # -- real settings (emulators, real checkpoints): paths checked before anything runs ----
+    env: str = "sim"
+    """"sim" (the built-in simulated phone) or "android" (emulators over Appium)."""
+    android: dict[str, Any] = field(default_factory=dict)
+    """For ``env="android"``: ``sdk_root``, ``avd_name``, ``appium`` (server command)...
+    (see digirl_lite.envs.android)."""
+    image_encoder: str = "sim"
+    """"sim" (the simulator's frozen layout encoder) or a local BLIP-2 directory."""
+    task_file: str | None = None
+    """Train task list (one instruction per line); None: the simulator's list of ``world``."""
+    test_task_file: str | None = None
+    """Held-out task list; None: the simulator's test list of ``world``."""
+    horizon: int | None = None
+    """Steps per episode; None: the world's (Web Shopping 20, General 10)."""
 
     # -- starting policy (the AutoUI role: a copier of people) -----------------------------
+    starting_policy: str = "sft"
+    """"sft" (fine-tune on the simulator's expert demonstrations, cached), "shipped" (the
+    checkpoint ``data/policies/sft-<world>`` built by recipes/make_starting_policy.py with
+    these same SFT settings), or a directory: a saved AutoUIPolicy or a real Auto-UI
+    checkpoint."""
     sft_demos: int = 400
     """Expert demonstrations on clean screens for supervised fine-tuning (this project)."""
-    sft_updates: int = 1000
+    sft_surprise_rate: float = 0.1
+    """Surprises in the demonstrations, as a fraction of the default rates (this project):
+    the demonstrators met a pop-up or voice input now and then, so the starting policy has
+    seen recovery (closing a pop-up, BACK from voice input) in a few percent of its steps
+    and samples it sometimes, as AutoUI had seen some in AitW; with none, online practice
+    has almost nothing to find. Evaluation and practice use the full rates."""
+    sft_updates: int = 1500
     """SFT updates (batch ``sft_batch``); enough for the tiny preset to copy the expert."""
     sft_batch: int = 64
     sft_lr: float = 1e-3
@@ -104,8 +146,14 @@ class DigiRLConfig:
             raise ValueError(f"step_filter must be one of {STEP_FILTERS}")
         if self.critic_loss not in ("ce", "mse"):
             raise ValueError("critic_loss must be 'ce' or 'mse'")
-        if self.fleet not in ("local", "process"):
-            raise ValueError("fleet must be 'local' or 'process'")
+        from digirl_lite.rollout.fleet import FLEETS
+
+        if self.fleet not in FLEETS:
+            raise ValueError(f"fleet must be one of {FLEETS}, got {self.fleet!r}")
+        if self.device not in ("cpu", "auto", "cuda") and not self.device.startswith("cuda:"):
+            raise ValueError(f"device must be 'cpu', 'auto' or 'cuda', got {self.device!r}")
+        if self.env not in ("sim", "android"):
+            raise ValueError(f"env must be 'sim' or 'android', got {self.env!r}")
         if not 0 < self.top_p <= 1 or not 0 <= self.lam <= 1:
             raise ValueError("top_p must be in (0, 1] and lam in [0, 1]")
         for f in ("n_envs", "rollouts_per_iteration", "capacity", "actor_batch",
@@ -115,6 +163,41 @@ class DigiRLConfig:
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    def check_paths(self) -> None:
+        """Fail early, naming every missing path, before anything is built or collected."""
+        missing: list[str] = []
+
+        def need(what: str, path: Any, kind: str = "dir") -> None:
+            if not path:
+                missing.append(f"{what}: not set")
+                return
+            p = Path(str(path)).expanduser()
+            ok = p.is_dir() if kind == "dir" else p.is_file()
+            if not ok:
+                missing.append(f"{what}: no {'directory' if kind == 'dir' else 'file'} {p}")
+
+        if self.starting_policy not in ("sft", "shipped"):
+            need("starting_policy", self.starting_policy)
+        if self.image_encoder != "sim":
+            need("image_encoder (a local BLIP-2 directory)", self.image_encoder)
+        for name in ("task_file", "test_task_file"):
+            if getattr(self, name) is not None:
+                need(name, getattr(self, name), "file")
+        if self.env == "android":
+            if self.task_file is None or self.test_task_file is None:
+                missing.append("task_file and test_task_file: required with env='android'")
+            need("android.sdk_root (the Android SDK)", self.android.get("sdk_root"))
+            if not self.android.get("avd_name"):
+                missing.append("android.avd_name: not set")
+            if self.starting_policy in ("sft", "shipped"):
+                missing.append("starting_policy: a real Auto-UI checkpoint directory is "
+                               "required with env='android' (the SFT preset is simulator-only)")
+            if self.image_encoder == "sim":
+                missing.append("image_encoder: a BLIP-2 directory is required with "
+                               "env='android' (the layout encoder only reads simulated screens)")
+        if missing:
+            raise ConfigError("this configuration cannot run:\n  " + "\n  ".join(missing))
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> DigiRLConfig:
@@ -130,9 +213,11 @@ def sim_webshop(**overrides: Any) -> DigiRLConfig:
 
     Changes from the paper for the tiny CPU model, measured to learn within the budget:
     actor learning rate 1e-3 and gradient cap 1.0 (the paper's 1e-4 and 0.01 move a
-    1.2M-parameter model too little in 20 updates per iteration).
+    1.2M-parameter model too little in 20 updates per iteration). The starting policy is
+    the one shipped in ``data/policies/sft-webshop`` (built by
+    recipes/make_starting_policy.py with these SFT settings), so the run skips SFT.
     """
-    base = {"actor_lr": 1e-3, "actor_grad_clip": 1.0}
+    base = {"actor_lr": 1e-3, "actor_grad_clip": 1.0, "starting_policy": "shipped"}
     return DigiRLConfig(**{**base, **overrides})
 
 
@@ -143,3 +228,29 @@ def sim_quick(**overrides: Any) -> DigiRLConfig:
             "n_envs": 8, "actor_updates": 4, "actor_batch": 32, "critic_batch": 32,
             "eval_tasks": 16, "actor_lr": 1e-3, "actor_grad_clip": 1.0, "max_new_tokens": 32}
     return DigiRLConfig(**{**base, **overrides})
+
+
+def load_config(path: str | Path, preset: str | None = None,
+                **overrides: Any) -> DigiRLConfig:
+    """A JSON config file (DigiRLConfig fields; ``"preset": "sim_webshop" | "sim_quick" |
+    "paper"`` picks the base, ``preset`` overrides it), with ``overrides`` on top. Paths are
+    checked (:meth:`DigiRLConfig.check_paths`)."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"no config file {p}")
+    try:
+        d = json.loads(p.read_text())
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{p} is not valid JSON: {e}") from None
+    d = {k: v for k, v in d.items() if not k.startswith("_")}  # "_comment" fields
+    preset = preset or d.pop("preset", "sim_webshop")
+    d.pop("preset", None)
+    base = {"sim_webshop": sim_webshop, "sim_quick": sim_quick, "paper": DigiRLConfig}
+    if preset not in base:
+        raise ConfigError(f"{p}: unknown preset {preset!r} (one of {sorted(base)})")
+    try:
+        cfg = base[preset](**{**d, **overrides})
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"{p}: {e}") from None
+    cfg.check_paths()
+    return cfg

@@ -35,7 +35,12 @@ from digirl_lite.envs.base import Observation
 from digirl_lite.train.config import DigiRLConfig
 from digirl_lite.train.evaluate import evaluate
 
-__all__ = ["PolicyBatchAgent", "Trainer", "mle_update", "steps_to_batch"]
+__all__ = ["PolicyBatchAgent", "Trainer", "mle_update", "steps_to_batch", "ITERATION_PHASES"]
+
+ITERATION_PHASES = ("collect", "inference", "store", "critics", "filter", "actor", "checkpoint")
+"""Where an online iteration's time goes (``time_split`` in metrics.jsonl): ``collect`` is
+the fleet's wall time, of which ``inference`` is the policy's (features + sampling) and
+``environments`` the rest."""
 
 
 class PolicyBatchAgent:
@@ -46,6 +51,8 @@ class PolicyBatchAgent:
                  max_new_tokens: int = 64) -> None:
         self.policy, self.features, self.screens = policy, features, screens
         self.temperature, self.max_new_tokens = temperature, max_new_tokens
+        self.seconds = 0.0  # time spent in act_batch (features + sampling): "inference"
+        self.calls = 0
 
     def features_of(self, screen_ids: Sequence[str]) -> np.ndarray:
         imgs = [self.screens.image(i) for i in screen_ids]
@@ -56,10 +63,14 @@ class PolicyBatchAgent:
         return f
 
     def act_batch(self, slots, observations: Sequence[Observation]) -> list[str]:
+        t0 = time.perf_counter()
         ids = [o.screen_id or screen_id_of_image(o.screenshot) for o in observations]
         feats = self.features_of(ids)
-        return self.policy.act([o.prompt for o in observations], feats,
-                               temperature=self.temperature, max_new_tokens=self.max_new_tokens)
+        out = self.policy.act([o.prompt for o in observations], feats,
+                              temperature=self.temperature, max_new_tokens=self.max_new_tokens)
+        self.seconds += time.perf_counter() - t0
+        self.calls += 1
+        return out
 
 
 def steps_to_batch(steps: Sequence[Step], screens: ScreenTable):
@@ -69,13 +80,25 @@ def steps_to_batch(steps: Sequence[Step], screens: ScreenTable):
 
 
 def mle_update(policy, opt, steps: Sequence[Step], screens: ScreenTable,
-               grad_clip: float | None) -> float:
-    """Eq. 4.2: one maximum-likelihood update on ``steps`` (mean over steps); returns the loss."""
+               grad_clip: float | None, accelerator=None) -> float:
+    """Eq. 4.2: one maximum-likelihood update on ``steps`` (mean over steps); returns the loss.
+
+    With an Accelerate ``accelerator``: its backward (mixed precision), and under
+    ``accelerate launch`` with several processes the gradients are averaged across them
+    before clipping (each process brings its own steps: data parallel).
+    """
     prompts, feats, actions = steps_to_batch(steps, screens)
     policy.model.train()
     loss = -policy.log_prob(prompts, feats, actions).mean()
     opt.zero_grad()
-    loss.backward()
+    if accelerator is None:
+        loss.backward()
+    else:
+        accelerator.backward(loss)
+        if accelerator.num_processes > 1:
+            for p in policy.model.parameters():
+                if p.grad is not None:
+                    p.grad = accelerator.reduce(p.grad, reduction="mean")
     if grad_clip:
         torch.nn.utils.clip_grad_norm_(policy.model.parameters(), grad_clip)
     opt.step()
@@ -105,18 +128,28 @@ class Trainer:
 
     def __init__(self, cfg: DigiRLConfig, out_dir: str | Path,
                  cache_dir: str | Path | None = "runs/cache", progress: bool = True) -> None:
+        from accelerate import Accelerator
+
         from digirl_lite.critics import EmbeddingCache, InstructionCritic, MiniLMEncoder, StepCritic
         from digirl_lite.policy import AutoUIPolicy
-        from digirl_lite.vision import FeatureCache, SimScreenEncoder
+        from digirl_lite.vision import FeatureCache
 
+        cfg.check_paths()
+        if cfg.env != "sim":
+            raise NotImplementedError(
+                f"env={cfg.env!r}: the Trainer drives the simulated phone; emulator fleets "
+                "plug in through digirl_lite.rollout (issue 7)")
         self.cfg = cfg
         self.out = Path(out_dir)
         self.out.mkdir(parents=True, exist_ok=True)
         self.cache_dir = Path(cache_dir) if cache_dir else None
         self.progress = progress
-        self._seed_everything(cfg.seed)
-        self.policy = AutoUIPolicy.sim_preset(seed=cfg.seed)
-        self.features = FeatureCache(SimScreenEncoder(dim=self.policy.img_dim, seed=0))
+        self.accelerator = Accelerator(cpu=cfg.device == "cpu")
+        self.is_main = self.accelerator.is_main_process
+        # under `accelerate launch` every process collects its own trajectories
+        self._seed_everything(cfg.seed + 7919 * self.accelerator.process_index)
+        self.policy = AutoUIPolicy.sim_preset(seed=cfg.seed).to(self.accelerator.device)
+        self.features = FeatureCache(self._image_encoder())
         self.text = EmbeddingCache(MiniLMEncoder())
         d_t, d_i = self.text.encoder.dim, self.policy.img_dim
         self.step_critic = StepCritic(d_t, d_i, hidden=256, init_value=cfg.critic_init_value)
@@ -135,6 +168,40 @@ class Trainer:
         self.curve: list[tuple[int, float]] = []
         self._fleet = None
         self._tasks = None
+        self._tb = None
+        if cfg.tensorboard and self.is_main:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+            except ImportError as e:
+                raise ImportError("tensorboard=True needs the 'tensorboard' extra: "
+                                  "pip install 'digirl-lite[tensorboard]'") from e
+            self._tb = SummaryWriter(str(self.out / "tensorboard"))
+
+    def _image_encoder(self):
+        from digirl_lite.vision import SimScreenEncoder
+
+        if self.cfg.image_encoder == "sim":
+            return SimScreenEncoder(dim=self.policy.img_dim, seed=0)
+        from digirl_lite.vision import Blip2Features
+
+        return Blip2Features(self.cfg.image_encoder, device=self.accelerator.device)
+
+    def _iter(self, n: int, desc: str):
+        """``range(n)`` with a progress bar when the phase is long enough to watch."""
+        if n < 20:
+            yield from range(n)
+            return
+        with self._bar(n, desc) as bar:
+            for i in range(n):
+                yield i
+                bar.update()
+
+    def _bar(self, total: int, desc: str):
+        """A progress bar for one phase (tqdm), silent without ``progress``."""
+        from tqdm.auto import tqdm
+
+        return tqdm(total=total, desc=desc, leave=False, dynamic_ncols=True,
+                    disable=not (self.progress and self.is_main))
 
     # -- plumbing -----------------------------------------------------------------------
     @staticmethod
@@ -144,9 +211,17 @@ class Trainer:
         torch.manual_seed(seed)
 
     def log(self, **record: Any) -> None:
+        if not self.is_main:
+            return
         record = {"time": round(time.time(), 3), **record}
         with open(self.out / "metrics.jsonl", "a") as f:
             f.write(json.dumps(record, default=float) + "\n")
+        if self._tb is not None:
+            prefix = str(record.get("stage", "run")).replace(":", "/")  # eval:online
+            for k, v in record.items():
+                if k != "time" and isinstance(v, (int, float)) and not isinstance(v, bool):
+                    self._tb.add_scalar(f"{prefix}/{k}", v, self.online_trajectories)
+            self._tb.flush()
         if self.progress:
             keys = [k for k in record if k not in ("time",)]
             print("  ".join(f"{k}={record[k]}" for k in keys), flush=True)
@@ -160,13 +235,24 @@ class Trainer:
     def fleet(self):
         if self._fleet is None:
             from digirl_lite.envs.sim import SimEnvFactory
-            from digirl_lite.rollout.fleet import LocalFleet, ProcessFleet
+            from digirl_lite.rollout import make_fleet
 
-            make = SimEnvFactory(judge=self.cfg.judge, seed=self.cfg.seed,
-                                 tasks=self.cfg.world)
-            cls = LocalFleet if self.cfg.fleet == "local" else ProcessFleet
-            self._fleet = cls(make, self.cfg.n_envs)
+            kw = {"horizon": self.cfg.horizon} if self.cfg.horizon else {}
+            make = SimEnvFactory(judge=self.cfg.judge,
+                                 seed=self.cfg.seed + 7919 * self.accelerator.process_index,
+                                 tasks=self.cfg.task_file or self.cfg.world, **kw)
+            self._fleet = make_fleet(self.cfg.fleet, make, self.cfg.n_envs,
+                                     **self.cfg.fleet_options)
         return self._fleet
+
+    def close(self) -> None:
+        """Stop the fleet's workers (threads, processes, Ray actors) and TensorBoard."""
+        if self._fleet is not None:
+            self._fleet.close()
+            self._fleet = None
+        if self._tb is not None:
+            self._tb.close()
+            self._tb = None
 
     def agent(self, screens: ScreenTable | None = None) -> PolicyBatchAgent:
         return PolicyBatchAgent(self.policy, self.features,
@@ -174,12 +260,17 @@ class Trainer:
                                 self.cfg.temperature, self.cfg.max_new_tokens)
 
     def _train_tasks(self):
-        """The world's train task list (loaded once; the fleet's workers load their own)."""
+        """The train task list (loaded once; the fleet's workers load their own)."""
         if self._tasks is None:
             from digirl_lite.envs.sim import SimPhoneEnv
 
-            self._tasks = SimPhoneEnv(self.cfg.world).tasks
+            self._tasks = SimPhoneEnv(self.cfg.task_file or self.cfg.world).tasks
         return self._tasks
+
+    def _test_tasks(self):
+        from digirl_lite.envs.sim import SimPhoneEnv
+
+        return SimPhoneEnv(self.cfg.test_task_file or f"{self.cfg.world}_test").tasks
 
     def _cache_key(self, *parts: Any) -> str:
         return hashlib.blake2b(json.dumps(parts, sort_keys=True, default=str).encode(),
@@ -193,37 +284,89 @@ class Trainer:
                 screens.add(features=row, screen_id=sid)
 
     # -- the starting policy (AutoUI role) ---------------------------------------------------
+    def sft_key(self) -> str:
+        """What the SFT starting policy depends on (a cached or shipped one must match)."""
+        from digirl_lite.policy import SIM_PRESET
+
+        c = self.cfg
+        return self._cache_key("sft-v2", c.world, c.seed, c.sft_demos, c.sft_updates,
+                               c.sft_batch, c.sft_lr, c.sft_surprise_rate, SIM_PRESET,
+                               self.policy.tokenizer.vocab_size)
+
     def build_starting_policy(self) -> None:
-        """SFT on the expert's clean demonstrations (cached by config)."""
-        from digirl_lite.envs.sim.pile import generate_demos
+        """The starting policy: ``cfg.starting_policy`` "sft" (SFT on the expert's clean
+        demonstrations, cached by config), "shipped" (``data/policies/sft-<world>``, which
+        must have been built with this config's SFT settings), or a policy directory."""
+        from digirl_lite.paths import data_dir
         from digirl_lite.policy import AutoUIPolicy
 
         c = self.cfg
-        key = self._cache_key("sft-v1", c.world, c.seed, c.sft_demos, c.sft_updates,
-                              c.sft_batch, c.sft_lr)
-        cached = self.cache_dir / f"sft-{key}" if self.cache_dir else None
-        if cached is not None and (cached / "digirl_policy.json").is_file():
-            self.policy = AutoUIPolicy.load(cached)
-            self.log(stage="sft", cached=str(cached))
+        src = c.starting_policy
+        if src not in ("sft", "shipped"):
+            d = Path(src).expanduser()
+            self.policy = (AutoUIPolicy.load(d) if (d / "digirl_policy.json").is_file()
+                           else AutoUIPolicy.from_pretrained(d))
+            self.log(stage="sft", loaded=str(d))
         else:
-            demos, dscreens, _ = generate_demos(c.world, n=c.sft_demos, seed=c.seed)
-            self._fill_features(dscreens)
-            steps = [s for t in demos for s in t.steps]
-            opt = torch.optim.AdamW(self.policy.model.parameters(), lr=c.sft_lr)
-            sched = torch.optim.lr_scheduler.LambdaLR(
-                opt, lambda u: min(1.0, (u + 1) / 50))
-            rng = np.random.default_rng(c.seed)
-            t0 = time.perf_counter()
+            key = self.sft_key()
+            cached = (data_dir() / "policies" / f"sft-{c.world}" if src == "shipped"
+                      else self.cache_dir / f"sft-{key}" if self.cache_dir else None)
+            meta = cached / "sft.json" if cached is not None else None
+            if meta is not None and meta.is_file():
+                made = json.loads(meta.read_text()).get("key")
+                if made != key:
+                    raise ValueError(
+                        f"{cached} was built with other SFT settings (key {made}, this run "
+                        f"{key}); rebuild it with recipes/make_starting_policy.py or set "
+                        "starting_policy='sft'")
+                self.policy = AutoUIPolicy.load(cached)
+                self.log(stage="sft", loaded=str(cached))
+            elif src == "shipped":
+                raise FileNotFoundError(
+                    f"no shipped starting policy at {cached}; build it with "
+                    f"python recipes/make_starting_policy.py --world {c.world} (or set "
+                    "starting_policy='sft')")
+            else:
+                self.policy = self.train_sft()
+                if cached is not None and self.is_main:
+                    self.save_starting_policy(cached)
+        self.policy.to(self.accelerator.device)
+        self.actor_opt = torch.optim.AdamW(self.policy.model.parameters(), lr=c.actor_lr)
+
+    def save_starting_policy(self, directory: str | Path) -> Path:
+        """Save the policy with the SFT key it was built under (``sft.json``)."""
+        d = self.policy.save(directory)
+        _atomic_write_text(d / "sft.json", json.dumps({
+            "key": self.sft_key(), "world": self.cfg.world, "seed": self.cfg.seed,
+            "sft_demos": self.cfg.sft_demos, "sft_updates": self.cfg.sft_updates,
+            "sft_batch": self.cfg.sft_batch, "sft_lr": self.cfg.sft_lr,
+            "sft_surprise_rate": self.cfg.sft_surprise_rate}, indent=1))
+        return d
+
+    def train_sft(self):
+        """Supervised fine-tuning of a fresh preset policy on clean expert demonstrations."""
+        from digirl_lite.envs.sim.pile import generate_demos
+
+        c = self.cfg
+        demos, dscreens, _ = generate_demos(c.world, n=c.sft_demos, seed=c.seed,
+                                            surprise_rate=c.sft_surprise_rate)
+        self._fill_features(dscreens)
+        steps = [s for t in demos for s in t.steps]
+        policy = self.policy
+        opt = torch.optim.AdamW(policy.model.parameters(), lr=c.sft_lr)
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda u: min(1.0, (u + 1) / 50))
+        rng = np.random.default_rng([c.seed, self.accelerator.process_index])
+        t0 = time.perf_counter()
+        with self._bar(c.sft_updates, "sft") as bar:
             for u in range(c.sft_updates):
                 batch = [steps[i] for i in rng.integers(0, len(steps), c.sft_batch)]
-                loss = mle_update(self.policy, opt, batch, dscreens, 1.0)
+                loss = mle_update(policy, opt, batch, dscreens, 1.0, self.accelerator)
                 sched.step()
+                bar.update()
                 if u % 100 == 0 or u == c.sft_updates - 1:
                     self.log(stage="sft", update=u, loss=round(loss, 4))
-            self.timings["sft"] = time.perf_counter() - t0
-            if cached is not None:
-                self.policy.save(cached)
-        self.actor_opt = torch.optim.AdamW(self.policy.model.parameters(), lr=c.actor_lr)
+        self.timings["sft"] = time.perf_counter() - t0
+        return policy
 
     # -- the stored pile ------------------------------------------------------------------
     def build_pile(self) -> list[Trajectory]:
@@ -231,8 +374,10 @@ class Trainer:
         from digirl_lite.data.store import load_trajectories
 
         c = self.cfg
-        key = self._cache_key("pile-v1", c.world, c.seed, c.pile_size, c.judge, c.temperature,
-                              c.sft_demos, c.sft_updates, c.sft_batch, c.sft_lr)
+        policy_id = (self.sft_key() if c.starting_policy in ("sft", "shipped")
+                     else str(Path(c.starting_policy).expanduser().resolve()))
+        key = self._cache_key("pile-v2", c.world, c.seed, c.pile_size, c.judge, c.temperature,
+                              c.max_new_tokens, c.horizon, c.task_file, policy_id)
         cached = self.cache_dir / f"pile-{key}" if self.cache_dir else None
         if cached is not None and (cached / "digirl_store.json").is_file():
             trajs, screens = load_trajectories(cached)
@@ -274,7 +419,7 @@ class Trainer:
         ib = instruction_batch(trajs, self.text)
         self.step_critic.train()
         self.instr_critic.train()
-        for _ in range(updates):
+        for _ in self._iter(updates, "critics"):
             b = next(batches, None)
             if b is None:
                 batches = step_batches(trajs, self.screens, self.text, self.cfg.critic_batch,
@@ -330,10 +475,10 @@ class Trainer:
         if not steps or updates <= 0:
             return float("nan")
         loss = float("nan")
-        for _ in range(updates):
+        for _ in self._iter(updates, "actor"):
             idx = self.rng.integers(0, len(steps), self.cfg.actor_batch)
             loss = mle_update(self.policy, self.actor_opt, [steps[i] for i in idx],
-                              self.screens, self.cfg.actor_grad_clip)
+                              self.screens, self.cfg.actor_grad_clip, self.accelerator)
         return round(loss, 4)
 
     # -- stages ---------------------------------------------------------------------------
@@ -354,14 +499,18 @@ class Trainer:
         stored for it before a crash (resume), so they are not collected again."""
         c = self.cfg
         t_iter = time.perf_counter()
+        before = dict(self.timings)
         if collected is None:
             tasks = self._train_tasks()
             idx = self.rng.integers(0, len(tasks), c.rollouts_per_iteration)
+            self.fleet().policy_version = k - 1  # the weights after k - 1 iterations
+            agent = self.agent()
             episodes = self._timed("collect", lambda: self.fleet().collect(
-                self.agent(), [tasks[i] for i in idx], self.screens,
+                agent, [tasks[i] for i in idx], self.screens,
                 id_prefix=f"online-s{c.seed}-it{k:04d}", source=Source.ONLINE, iteration=k,
                 seed=c.seed * 1_000_003 + 100_000 * k))
             collected = [e.trajectory for e in episodes]
+            self.timings["inference"] = self.timings.get("inference", 0.0) + agent.seconds
             self._fill_features(self.screens)
             self._timed("store", lambda: self._store_append(collected))
         self.buffer.add(collected)
@@ -373,18 +522,26 @@ class Trainer:
         self.iteration = k
         self._timed("checkpoint", self.save_checkpoint)
         wins = float(np.mean([t.is_success for t in collected])) if collected else 0.0
+        split = {name: round(self.timings.get(name, 0.0) - before.get(name, 0.0), 3)
+                 for name in ITERATION_PHASES}
+        split["environments"] = round(split["collect"] - split["inference"], 3)
         self.log(stage="online", iteration=k, online_trajectories=self.online_trajectories,
                  collect_success=round(wins, 4), **crit, **kept, actor_loss=loss,
-                 seconds=round(time.perf_counter() - t_iter, 2))
+                 seconds=round(time.perf_counter() - t_iter, 2), time_split=split)
 
     def evaluate(self, stage: str) -> dict[str, Any]:
-        from digirl_lite.envs.sim import SimPhoneEnv
-
-        test = SimPhoneEnv(f"{self.cfg.world}_test").tasks
         screens = ScreenTable(self.policy.img_dim)
-        report, _ = self._timed("evaluate", lambda: evaluate(
-            self.fleet(), self.agent(screens), test, n_tasks=self.cfg.eval_tasks,
-            seed=10_000 + self.cfg.seed, id_prefix=f"eval-{stage}", screens=screens))
+        report, episodes = self._timed("evaluate", lambda: evaluate(
+            self.fleet(), self.agent(screens), self._test_tasks(),
+            n_tasks=self.cfg.eval_tasks, seed=10_000 + self.cfg.seed,
+            id_prefix=f"eval-{stage}", screens=screens))
+        if self.is_main:  # every evaluation trajectory, for replay and the report
+            self._fill_features(screens)
+            ev = self.out / "eval" / stage
+            if ev.exists():
+                shutil.rmtree(ev)  # an evaluation interrupted by a crash, now redone
+            TrajectoryStore.create(ev, screens.feature_dim).append(
+                [e.trajectory for e in episodes], screens)
         self.summary["stages"][stage] = report
         self.curve.append((self.online_trajectories, report["success_rate"]))
         self.log(stage=f"eval:{stage}", online_trajectories=self.online_trajectories,
@@ -399,11 +556,15 @@ class Trainer:
         return TrajectoryStore.create(self.out / "store", self.policy.img_dim, exist_ok=True)
 
     def _store_append(self, trajs: Sequence[Trajectory]) -> None:
-        self._store().append(list(trajs), self.screens)
+        if self.is_main:
+            self._store().append(list(trajs), self.screens)
 
     def save_checkpoint(self) -> Path:
-        """Atomically: policy, critics, optimisers, buffer ids, RNG states, counters."""
+        """Atomically: policy, critics, optimisers, buffer ids, RNG states, counters.
+        (Under ``accelerate launch`` the main process writes; the policies are equal.)"""
         root = self.out / "checkpoints"
+        if not self.is_main:
+            return root / f"iter-{self.iteration:04d}"
         root.mkdir(exist_ok=True)
         name = f"iter-{self.iteration:04d}"
         tmp = Path(tempfile.mkdtemp(dir=root, prefix=f".tmp-{name}-"))
@@ -457,9 +618,15 @@ class Trainer:
         return True
 
     # -- the whole run --------------------------------------------------------------------
-    def run(self, resume: bool = False) -> dict[str, Any]:
+    def run(self, resume: bool = False, offline: bool = True,
+            online: bool = True) -> dict[str, Any]:
+        """The whole run: starting policy (evaluated as "copier"), then the offline phase on
+        the pile (evaluated as "offline") unless ``offline=False``, then ``cfg.iterations``
+        online iterations (evaluated as "online") unless ``online=False``. ``resume``
+        continues the run in ``out_dir`` from its newest checkpoint."""
         t0 = time.perf_counter()
         c = self.cfg
+        iterations = c.iterations if online else 0
         if resume and self.load_checkpoint():
             self.log(stage="resume", iteration=self.iteration)
             pending = [t for t in self._stored if t.iteration == self.iteration + 1]
@@ -469,21 +636,26 @@ class Trainer:
                                       "output folder")
             self.build_starting_policy()
             self.evaluate("copier")
-            pile = self.build_pile()
-            self._store_append(pile)
-            self.offline(pile)
-            self.evaluate("offline")
+            if offline:
+                pile = self.build_pile()
+                self._store_append(pile)
+                self.offline(pile)
+                self.evaluate("offline")
             self.iteration = 0
             self.save_checkpoint()
             pending = []
-        while self.iteration < c.iterations:
+        bar = self._bar(iterations, "online iterations")
+        bar.update(self.iteration)
+        while self.iteration < iterations:
             k = self.iteration + 1
             self.online_iteration(k, collected=pending or None)
+            bar.update()
             pending = []
-            if c.eval_every and k % c.eval_every == 0 and k < c.iterations:
+            if c.eval_every and k % c.eval_every == 0 and k < iterations:
                 self.evaluate(f"online-{k}")
                 self.save_checkpoint()
-        if "online" not in self.summary["stages"]:
+        bar.close()
+        if online and "online" not in self.summary["stages"]:
             self.evaluate("online")
         self.summary.update({
             "wall_s": round(time.perf_counter() - t0, 1) + self.summary.get("wall_s", 0.0),
@@ -493,9 +665,11 @@ class Trainer:
             "feature_cache_hit_rate": round(self.features.hit_rate, 3),
         })
         self.save_checkpoint()
-        _atomic_write_text(self.out / "summary.json", json.dumps(self.summary, indent=1,
-                                                                 default=float))
-        self.plot()
+        if self.is_main:
+            _atomic_write_text(self.out / "summary.json", json.dumps(self.summary, indent=1,
+                                                                     default=float))
+            self.plot()
+        self.close()
         return self.summary
 
     def plot(self) -> Path | None:

@@ -100,7 +100,10 @@ def generate_pile(
 
 def generate_demos(
     world: str = "webshop", n: int = 400, seed: int = 0, day: int = 1,
+    surprise_rate: float = 0.0,
 ) -> tuple[list[Trajectory], ScreenTable, PileStats]:
-    """The expert's clean demonstrations on ``world``'s train tasks (no surprises)."""
-    return _run("demo", world, n, seed, lambda i: ScriptedExpert(), Surprises.none(), day,
-                Source.OFFLINE)
+    """The expert's demonstrations on ``world``'s train tasks: clean (no surprises) by
+    default; ``surprise_rate`` scales the default surprise probabilities (0.1: a tenth of
+    them), so a few demonstrations show how the expert closes a pop-up or voice input."""
+    return _run("demo", world, n, seed, lambda i: ScriptedExpert(),
+                Surprises().scaled(surprise_rate), day, Source.OFFLINE)

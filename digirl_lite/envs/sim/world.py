@@ -75,6 +75,13 @@ class Surprises:
     def none(cls) -> Surprises:
         return cls(0.0, 0.0, 0.0, 0.0, 0.0)
 
+    def scaled(self, factor: float) -> Surprises:
+        """Every probability times ``factor`` (in [0, 1]): a calmer (or no) day."""
+        if not 0.0 <= factor <= 1.0:
+            raise ValueError(f"factor must be in [0, 1], got {factor}")
+        return Surprises(*(getattr(self, n) * factor
+                           for n in ("popup", "consent", "voice", "reorder", "blank")))
+
 
 @dataclass(frozen=True)
 class Page:

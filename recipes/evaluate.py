@@ -1,0 +1,39 @@
+"""Evaluation only: a policy's held-out success on the first N test tasks, with mean
+episode length, failure kinds and a 95% interval; the episodes are stored for replay.
+
+    python recipes/evaluate.py --policy runs/webshop/checkpoints/iter-0030/policy
+    python recipes/evaluate.py --policy shipped --set eval_tasks=180
+
+Writes OUT/eval/<stage>/ (a trajectory store) and OUT/eval_<stage>.json.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from digirl_lite.train.cli import config_from_args, run_parser
+from digirl_lite.train.trainer import Trainer
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = run_parser(__doc__.split("\n\n")[0], out="runs/eval")
+    ap.add_argument("--policy", default="shipped",
+                    help="a policy directory, 'shipped' or 'sft' (the starting policy)")
+    ap.add_argument("--stage", default="eval", help="name of this evaluation")
+    args = ap.parse_args(argv)
+    cfg = config_from_args(args, starting_policy=args.policy)
+    trainer = Trainer(cfg, args.out, cache_dir=args.cache_dir or None, progress=not args.quiet)
+    trainer.build_starting_policy()
+    report = trainer.evaluate(args.stage)
+    path = Path(args.out) / f"eval_{args.stage}.json"
+    path.write_text(json.dumps(report, indent=1, default=float))
+    print(f"{100 * report['success_rate']:.1f}% held-out success "
+          f"(95% CI {100 * report['ci95'][0]:.1f}-{100 * report['ci95'][1]:.1f}), "
+          f"mean length {report['mean_length']:.1f}, failures {report['failure_kinds']}")
+    return report
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

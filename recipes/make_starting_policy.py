@@ -1,0 +1,40 @@
+"""Build the starting policy (the AutoUI role): supervised fine-tuning of the tiny preset on
+the simulator's clean expert demonstrations, saved with the SFT settings it was built under.
+
+    python recipes/make_starting_policy.py --world webshop      # -> data/policies/sft-webshop
+
+The main job loads it with ``starting_policy="shipped"`` (the sim_webshop preset) and
+refuses it if the config's SFT settings differ from those it was built with.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from digirl_lite.paths import data_dir
+from digirl_lite.train.cli import config_from_args, run_parser
+from digirl_lite.train.trainer import Trainer
+
+
+def main(argv: list[str] | None = None) -> str:
+    ap = run_parser(__doc__.split("\n\n")[0], out="")
+    args = ap.parse_args(argv)
+    cfg = config_from_args(args, starting_policy="sft")
+    out = args.out or str(data_dir() / "policies" / f"sft-{cfg.world}")
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory() as tmp:
+        trainer = Trainer(cfg, tmp, cache_dir=None, progress=not args.quiet)
+        trainer.build_starting_policy()
+        trainer.save_starting_policy(out)
+        shutil.copy(Path(tmp) / "metrics.jsonl", Path(out) / "sft_metrics.jsonl")
+    print(f"{out}: {trainer.policy.num_parameters():,} parameters, "
+          f"{time.perf_counter() - t0:.0f} s")
+    return out
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

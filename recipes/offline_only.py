@@ -1,0 +1,29 @@
+"""DigiRL's offline phase only: starting policy, the pile (its own attempts), both critics,
+then the actor on the pile's successful trajectories; evaluated before and after.
+
+    python recipes/offline_only.py --out runs/offline
+    python recipes/online_only.py --set starting_policy=runs/offline/checkpoints/iter-0000/policy
+
+The run folder is a normal one (checkpoint iter-0000 holds the offline policy and critics).
+"""
+
+from __future__ import annotations
+
+import sys
+
+from digirl_lite.train.cli import config_from_args, print_table, run_parser
+from digirl_lite.train.trainer import Trainer
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = run_parser(__doc__.split("\n\n")[0], out="runs/offline")
+    args = ap.parse_args(argv)
+    cfg = config_from_args(args)
+    summary = Trainer(cfg, args.out, cache_dir=args.cache_dir or None,
+                      progress=not args.quiet).run(online=False)
+    print_table({cfg.algorithm: summary}, cfg.eval_tasks)
+    return summary
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,151 @@
+"""Run shapes and configuration: offline-only / online-only runs, evaluation only, the
+shipped starting policy's guard, real-setting configs that fail early, TensorBoard."""
+
+from __future__ import annotations
+
+import json
+import runpy
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from digirl_lite.data import load_trajectories
+from digirl_lite.envs.sim import Surprises
+from digirl_lite.train.config import ConfigError, DigiRLConfig, load_config, sim_quick
+from digirl_lite.train.trainer import Trainer
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIGS = ROOT / "recipes" / "configs"
+TINY = {"sft_demos": 20, "sft_updates": 5, "pile_size": 6, "iterations": 1,
+        "rollouts_per_iteration": 4, "n_envs": 4, "eval_tasks": 4}
+
+
+def test_surprises_scaled():
+    s = Surprises().scaled(0.1)
+    assert s.popup == pytest.approx(0.05) and s.voice == pytest.approx(0.035)
+    assert Surprises().scaled(0.0) == Surprises.none()
+    with pytest.raises(ValueError, match="factor"):
+        Surprises().scaled(1.5)
+
+
+@pytest.mark.parametrize("name", ["webshop_emulator", "general_emulator",
+                                  "webshop_real_checkpoint"])
+def test_real_setting_configs_fail_early_naming_each_missing_path(name):
+    with pytest.raises(ConfigError) as e:
+        load_config(CONFIGS / f"{name}.json")
+    msg = str(e.value)
+    assert "starting_policy" in msg and "image_encoder" in msg
+    if "emulator" in name:
+        assert "sdk_root" in msg and "task_file" in msg
+        cfg = json.loads((CONFIGS / f"{name}.json").read_text())
+        assert cfg["horizon"] == (20 if "webshop" in name else 10)
+
+
+def test_real_setting_config_passes_its_check_once_paths_exist(tmp_path):
+    for d in ("sdk", "autoui", "blip2"):
+        (tmp_path / d).mkdir()
+    for f in ("train.txt", "test.txt"):
+        (tmp_path / f).write_text("Go to costco.com\n")
+    cfg = DigiRLConfig(env="android", android={"sdk_root": str(tmp_path / "sdk"),
+                                               "avd_name": "pixel"},
+                       starting_policy=str(tmp_path / "autoui"),
+                       image_encoder=str(tmp_path / "blip2"),
+                       task_file=str(tmp_path / "train.txt"),
+                       test_task_file=str(tmp_path / "test.txt"))
+    cfg.check_paths()  # does not raise
+    with pytest.raises(ConfigError, match="avd_name"):
+        DigiRLConfig.from_dict({**cfg.as_dict(), "android": {"sdk_root": str(tmp_path)}}
+                               ).check_paths()
+
+
+def test_main_job_refuses_a_config_with_missing_paths_before_any_work(tmp_path):
+    p = subprocess.run([sys.executable, str(ROOT / "recipes" / "offline_to_online.py"),
+                        "--config", str(CONFIGS / "webshop_emulator.json"),
+                        "--out", str(tmp_path / "run")],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode != 0
+    assert "cannot run" in p.stderr and "sdk_root" in p.stderr
+    assert not (tmp_path / "run").exists()  # nothing was started
+
+
+def test_bad_config_values_are_refused():
+    with pytest.raises(ValueError, match="device"):
+        DigiRLConfig(device="tpu")
+    with pytest.raises(ValueError, match="env"):
+        DigiRLConfig(env="ios")
+    with pytest.raises(ConfigError, match="not valid JSON"):
+        bad = ROOT / "tests" / "_bad.json"
+        try:
+            bad.write_text("{nope")
+            load_config(bad)
+        finally:
+            bad.unlink()
+
+
+def test_shipped_starting_policy_guard(tmp_path, monkeypatch):
+    """"shipped" loads data/policies/sft-<world> only if it was built with this config's SFT
+    settings, and says how to build it when it is missing."""
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "tasks").symlink_to(ROOT / "data" / "tasks")
+    (data / "tokenizer").symlink_to(ROOT / "data" / "tokenizer")
+    monkeypatch.setenv("DIGIRL_LITE_DATA", str(data))
+    cfg = sim_quick(**TINY, starting_policy="shipped")
+    t = Trainer(cfg, tmp_path / "a", cache_dir=None, progress=False)
+    with pytest.raises(FileNotFoundError, match="make_starting_policy"):
+        t.build_starting_policy()
+    # build it as the recipe does, then load it back
+    b = Trainer(sim_quick(**TINY, starting_policy="sft"), tmp_path / "b", cache_dir=None,
+                progress=False)
+    b.build_starting_policy()
+    b.save_starting_policy(data / "policies" / "sft-webshop")
+    t.build_starting_policy()
+    x = next(iter(b.policy.model.state_dict().values()))
+    y = next(iter(t.policy.model.state_dict().values()))
+    assert (x == y).all()
+    other = Trainer(sim_quick(**{**TINY, "sft_updates": 6}, starting_policy="shipped"),
+                    tmp_path / "c", cache_dir=None, progress=False)
+    with pytest.raises(ValueError, match="other SFT settings"):
+        other.build_starting_policy()
+
+
+def test_offline_only_and_online_only_runs(tmp_path):
+    off = Trainer(sim_quick(**TINY), tmp_path / "off", cache_dir=None, progress=False)
+    s = off.run(online=False)
+    assert set(s["stages"]) == {"copier", "offline"} and s["online_trajectories"] == 0
+    on = Trainer(sim_quick(**TINY), tmp_path / "on", cache_dir=None, progress=False)
+    s = on.run(offline=False)
+    assert set(s["stages"]) == {"copier", "online"} and s["online_trajectories"] == 4
+    trajs, _ = load_trajectories(tmp_path / "on" / "store")
+    assert {t.source.value for t in trajs} == {"online"}  # no pile
+    # every evaluation is stored for replay
+    ev, _ = load_trajectories(tmp_path / "on" / "eval" / "online")
+    assert len(ev) == 4 and all(t.traj_id.startswith("eval-online") for t in ev)
+
+
+def test_evaluation_recipe_writes_its_report(tmp_path, monkeypatch, capsys):
+    out = tmp_path / "ev"
+    monkeypatch.setattr(sys, "argv", [
+        "evaluate.py", "--quick", "--policy", "sft", "--cache-dir", "", "--quiet",
+        "--out", str(out), "--set", *[f"{k}={v}" for k, v in TINY.items()]])
+    runpy.run_path(str(ROOT / "recipes" / "evaluate.py"), run_name="__main__")
+    report = json.loads((out / "eval_eval.json").read_text())
+    assert report["episodes"] == 4 and 0 <= report["success_rate"] <= 1
+    assert "held-out success" in capsys.readouterr().out
+
+
+def test_tensorboard_scalars(tmp_path):
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    t = Trainer(sim_quick(**TINY, tensorboard=True), tmp_path / "tb", cache_dir=None,
+                progress=False)
+    t.log(stage="online", iteration=1, actor_loss=0.5, collect_success=0.25)
+    t.log(stage="eval:online", success_rate=0.4)
+    acc = EventAccumulator(str(tmp_path / "tb" / "tensorboard"))
+    acc.Reload()
+    tags = set(acc.Tags()["scalars"])
+    assert {"online/actor_loss", "online/collect_success", "eval/online/success_rate"} <= tags
+    assert acc.Scalars("online/actor_loss")[0].value == pytest.approx(0.5)
