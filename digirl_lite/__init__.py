@@ -12,7 +12,7 @@ import importlib
 __version__ = "0.1.0"
 
 _SUBMODULES = ("actions", "critics", "data", "envs", "filters", "judge", "policy", "prompts",
-               "rollout", "train", "vision")
+               "report", "rollout", "train", "vision", "viz")
 
 __all__ = ["__version__", *_SUBMODULES]
 
