@@ -72,7 +72,12 @@ class DigiRLConfig:
     checkpoint."""
     sft_demos: int = 400
     """Expert demonstrations on clean screens for supervised fine-tuning (this project)."""
-    sft_surprise_rate: float = 0.1
+    sft_varied_products: bool = True
+    """Demonstrations search for new products (made-up brands and model numbers mixed with
+    the train products' words; this project), as people's recordings name many more things
+    than a train list: on the train list's ~150 products alone the tiny policy memorised
+    them and typed a train product for an unseen one (most of its held-out failures)."""
+    sft_surprise_rate: float = 0.05
     """Surprises in the demonstrations, as a fraction of the default rates (this project):
     the demonstrators met a pop-up or voice input now and then, so the starting policy has
     seen recovery (closing a pop-up, BACK from voice input) in a few percent of its steps

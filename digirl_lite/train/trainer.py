@@ -290,7 +290,8 @@ class Trainer:
 
         c = self.cfg
         return self._cache_key("sft-v2", c.world, c.seed, c.sft_demos, c.sft_updates,
-                               c.sft_batch, c.sft_lr, c.sft_surprise_rate, SIM_PRESET,
+                               c.sft_batch, c.sft_lr, c.sft_surprise_rate,
+                               c.sft_varied_products, SIM_PRESET,
                                self.policy.tokenizer.vocab_size)
 
     def build_starting_policy(self) -> None:
@@ -340,7 +341,8 @@ class Trainer:
             "key": self.sft_key(), "world": self.cfg.world, "seed": self.cfg.seed,
             "sft_demos": self.cfg.sft_demos, "sft_updates": self.cfg.sft_updates,
             "sft_batch": self.cfg.sft_batch, "sft_lr": self.cfg.sft_lr,
-            "sft_surprise_rate": self.cfg.sft_surprise_rate}, indent=1))
+            "sft_surprise_rate": self.cfg.sft_surprise_rate,
+            "sft_varied_products": self.cfg.sft_varied_products}, indent=1))
         return d
 
     def train_sft(self):
@@ -349,7 +351,8 @@ class Trainer:
 
         c = self.cfg
         demos, dscreens, _ = generate_demos(c.world, n=c.sft_demos, seed=c.seed,
-                                            surprise_rate=c.sft_surprise_rate)
+                                            surprise_rate=c.sft_surprise_rate,
+                                            varied_products=c.sft_varied_products)
         self._fill_features(dscreens)
         steps = [s for t in demos for s in t.steps]
         policy = self.policy

@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,7 +23,7 @@ from digirl_lite.envs.sim.env import SimPhoneEnv
 from digirl_lite.envs.sim.world import Surprises
 from digirl_lite.rollout.episode import run_episode
 
-__all__ = ["PILE_SIZES", "PileStats", "generate_pile", "generate_demos"]
+__all__ = ["PILE_SIZES", "PileStats", "generate_pile", "generate_demos", "vary_products"]
 
 PILE_SIZES = {"webshop": 528, "general": 608}
 """Off-to-on pile sizes of the paper (spec section 7)."""
@@ -49,11 +50,45 @@ def _episode_seed(seed: int, i: int) -> int:
     return (seed * 1_000_003 + i) % 2**31
 
 
+_QUOTED = re.compile(r"""(["'])(?P<product>[^"']+)\1""")
+
+
+def vary_products(tasks: list[str], n: int, seed: int = 0) -> list[str]:
+    """``n`` tasks drawn from ``tasks`` with every quoted product replaced by a new one:
+    two to four words, each a word of some product in ``tasks`` or a made-up brand or model
+    number ("kx-780", "zelvora"). Demonstrations on these teach a policy to *copy* the
+    product from its goal; on the train list's few hundred products it memorises them and
+    types a train product for an unseen one."""
+    rng = np.random.default_rng(seed)
+    words = sorted({w for t in tasks for m in _QUOTED.finditer(t) for w in m["product"].split()})
+    letters = "abcdefghijklmnopqrstuvwxyz"
+
+    def made_up() -> str:
+        kind = rng.integers(0, 3)
+        if kind == 0:  # a brand-like word
+            return "".join(rng.choice(list(letters), size=int(rng.integers(4, 9))))
+        if kind == 1:  # a model number like "kx-780"
+            head = "".join(rng.choice(list(letters), size=int(rng.integers(1, 4))))
+            return f"{head}-{int(rng.integers(1, 10_000))}"
+        return f"{''.join(rng.choice(list(letters), size=int(rng.integers(1, 3))))}" \
+               f"{int(rng.integers(1, 1000))}"
+
+    def product() -> str:
+        k = int(rng.integers(2, 5))
+        return " ".join(str(rng.choice(words)) if words and rng.random() < 0.65 else made_up()
+                        for _ in range(k))
+
+    out = []
+    for i in rng.integers(0, len(tasks), size=n):
+        out.append(_QUOTED.sub(lambda m: f"{m[1]}{product()}{m[1]}", tasks[int(i)], count=1))
+    return out
+
+
 def _run(
     kind: str, world: str, n: int, seed: int, make_agent, surprises: Surprises | None,
-    day: int, source: Source,
+    day: int, source: Source, tasks: list[str] | None = None,
 ) -> tuple[list[Trajectory], ScreenTable, PileStats]:
-    env = SimPhoneEnv(world, seed=seed, day=day, surprises=surprises)
+    env = SimPhoneEnv(tasks or world, seed=seed, day=day, surprises=surprises)
     rng = np.random.default_rng(seed)
     task_idx = rng.integers(0, len(env.tasks), size=n)
     screens = ScreenTable()
@@ -100,10 +135,19 @@ def generate_pile(
 
 def generate_demos(
     world: str = "webshop", n: int = 400, seed: int = 0, day: int = 1,
-    surprise_rate: float = 0.0,
+    surprise_rate: float = 0.0, varied_products: bool = False,
 ) -> tuple[list[Trajectory], ScreenTable, PileStats]:
     """The expert's demonstrations on ``world``'s train tasks: clean (no surprises) by
     default; ``surprise_rate`` scales the default surprise probabilities (0.1: a tenth of
-    them), so a few demonstrations show how the expert closes a pop-up or voice input."""
+    them), so a few demonstrations show how the expert closes a pop-up or voice input;
+    ``varied_products`` replaces each task's product with a new one (:func:`vary_products`),
+    as people searched for many more things than the train list names."""
+    tasks = None
+    if varied_products:
+        from digirl_lite.envs.sim.tasks import load_task_file
+        from digirl_lite.paths import data_dir
+
+        base = load_task_file(data_dir() / "tasks" / f"{world}_train.txt")
+        tasks = vary_products(base, n, seed)
     return _run("demo", world, n, seed, lambda i: ScriptedExpert(),
-                Surprises().scaled(surprise_rate), day, Source.OFFLINE)
+                Surprises().scaled(surprise_rate), day, Source.OFFLINE, tasks)
