@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from digirl_lite.data import load_trajectories
@@ -149,3 +150,20 @@ def test_tensorboard_scalars(tmp_path):
     tags = set(acc.Tags()["scalars"])
     assert {"online/actor_loss", "online/collect_success", "eval/online/success_rate"} <= tags
     assert acc.Scalars("online/actor_loss")[0].value == pytest.approx(0.5)
+
+
+def test_the_shipped_starting_policy_matches_the_main_jobs_config(tmp_path):
+    """The main job (sim_webshop) loads data/policies/sft-webshop: it must have been built with
+    the preset's SFT settings, or the README's command fails. Rebuild with
+    recipes/make_starting_policy.py after changing them."""
+    from digirl_lite.paths import data_dir
+    from digirl_lite.train.config import sim_webshop
+
+    meta = json.loads((data_dir() / "policies" / "sft-webshop" / "sft.json").read_text())
+    t = Trainer(sim_webshop(), tmp_path / "r", cache_dir=None, progress=False)
+    assert meta["key"] == t.sft_key()
+    t.build_starting_policy()  # loads, and the policy answers
+    out = t.policy.act(["Previous Actions: Goal: Go to costco.com</s>"],
+                       np.zeros((1, t.policy.img_dim), dtype=np.float32), temperature=0.0,
+                       max_new_tokens=32)
+    assert out and isinstance(out[0], str)
