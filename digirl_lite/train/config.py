@@ -70,6 +70,9 @@ class DigiRLConfig:
     checkpoint ``data/policies/sft-<world>`` built by recipes/make_starting_policy.py with
     these same SFT settings), or a directory: a saved AutoUIPolicy or a real Auto-UI
     checkpoint."""
+    sft_seed: int = 0
+    """Seed of the starting policy (demonstrations, initialisation, batches). Separate from
+    ``seed``: as in the paper, every run seed starts from the same starting checkpoint."""
     sft_demos: int = 400
     """Expert demonstrations on clean screens for supervised fine-tuning (this project)."""
     sft_varied_products: bool = True

@@ -289,7 +289,7 @@ class Trainer:
         from digirl_lite.policy import SIM_PRESET
 
         c = self.cfg
-        return self._cache_key("sft-v2", c.world, c.seed, c.sft_demos, c.sft_updates,
+        return self._cache_key("sft-v2", c.world, c.sft_seed, c.sft_demos, c.sft_updates,
                                c.sft_batch, c.sft_lr, c.sft_surprise_rate,
                                c.sft_varied_products, SIM_PRESET,
                                self.policy.tokenizer.vocab_size)
@@ -338,7 +338,7 @@ class Trainer:
         """Save the policy with the SFT key it was built under (``sft.json``)."""
         d = self.policy.save(directory)
         _atomic_write_text(d / "sft.json", json.dumps({
-            "key": self.sft_key(), "world": self.cfg.world, "seed": self.cfg.seed,
+            "key": self.sft_key(), "world": self.cfg.world, "sft_seed": self.cfg.sft_seed,
             "sft_demos": self.cfg.sft_demos, "sft_updates": self.cfg.sft_updates,
             "sft_batch": self.cfg.sft_batch, "sft_lr": self.cfg.sft_lr,
             "sft_surprise_rate": self.cfg.sft_surprise_rate,
@@ -350,15 +350,17 @@ class Trainer:
         from digirl_lite.envs.sim.pile import generate_demos
 
         c = self.cfg
-        demos, dscreens, _ = generate_demos(c.world, n=c.sft_demos, seed=c.seed,
+        demos, dscreens, _ = generate_demos(c.world, n=c.sft_demos, seed=c.sft_seed,
                                             surprise_rate=c.sft_surprise_rate,
                                             varied_products=c.sft_varied_products)
         self._fill_features(dscreens)
         steps = [s for t in demos for s in t.steps]
-        policy = self.policy
+        from digirl_lite.policy import AutoUIPolicy
+
+        policy = AutoUIPolicy.sim_preset(seed=c.sft_seed).to(self.accelerator.device)
         opt = torch.optim.AdamW(policy.model.parameters(), lr=c.sft_lr)
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda u: min(1.0, (u + 1) / 50))
-        rng = np.random.default_rng([c.seed, self.accelerator.process_index])
+        rng = np.random.default_rng([c.sft_seed, self.accelerator.process_index])
         t0 = time.perf_counter()
         with self._bar(c.sft_updates, "sft") as bar:
             for u in range(c.sft_updates):
