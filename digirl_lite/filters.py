@@ -24,6 +24,7 @@ __all__ = [
     "step_advantage",
     "step_keep_mask",
     "step_advantage_released",
+    "step_grades",
     "instruction_advantage",
     "keep_top_fraction",
     "filtered_bc_keep",
@@ -204,3 +205,19 @@ def effective_sample_size(weights: Any) -> float:
         raise ValueError("weights must be non-negative")
     sq = float(np.sum(w * w))
     return float(np.sum(w)) ** 2 / sq if sq > 0 else 0.0
+
+
+def step_grades(values: Any, rewards: Any, mc: Any, horizon: int, step_filter: str = "paper",
+                lam: float = 0.5) -> tuple[np.ndarray, np.ndarray]:
+    """Per-step grades and the keep mask of one trajectory, by the chosen step filter:
+    ``"paper"`` (Eq. 4.3, keep A > 1/H; ``values`` has T + 1 entries, V after the last step
+    included) or ``"released"`` (the released code's grade, keep grade > 0; ``mc`` are the
+    Monte-Carlo returns)."""
+    v = np.asarray(values, dtype=np.float64)
+    if step_filter == "paper":
+        a = step_advantage(v, rewards, lam=lam)
+        return a, step_keep_mask(a, horizon)
+    if step_filter == "released":
+        a = step_advantage_released(v[:-1], v[1:], rewards, mc)
+        return a, a > 0
+    raise ValueError(f"step_filter must be 'paper' or 'released', got {step_filter!r}")

@@ -189,3 +189,17 @@ def test_torch_inputs_with_grad_are_accepted():
     a = step_advantage(v, torch.tensor(R_SUCCESS, dtype=torch.float32))
     assert isinstance(a, np.ndarray)
     np.testing.assert_allclose(a, [0.1475, 0.184375, -0.18125, 0.5125, 0.525, 1.0], atol=1e-6)
+
+
+def test_step_grades_dispatches_to_the_chosen_step_filter():
+    from digirl_lite import filters
+
+    v, r, mc = [0.2, 0.4, 0.9, 0.0], [0.0, 0.0, 1.0], [0.98, 0.99, 1.0]
+    a, keep = filters.step_grades(v, r, mc, horizon=10, step_filter="paper", lam=0.5)
+    np.testing.assert_allclose(a, filters.step_advantage(v, r, lam=0.5))
+    np.testing.assert_array_equal(keep, filters.step_keep_mask(a, 10))
+    a2, keep2 = filters.step_grades(v, r, mc, horizon=10, step_filter="released")
+    np.testing.assert_allclose(a2, filters.step_advantage_released(v[:-1], v[1:], r, mc))
+    np.testing.assert_array_equal(keep2, a2 > 0)
+    with pytest.raises(ValueError, match="step_filter"):
+        filters.step_grades(v, r, mc, horizon=10, step_filter="ppo")

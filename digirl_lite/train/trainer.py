@@ -168,6 +168,7 @@ class Trainer:
         self.curve: list[tuple[int, float]] = []
         self._fleet = None
         self._tasks = None
+        self._test = None
         self._tb = None
         if cfg.tensorboard and self.is_main:
             try:
@@ -268,9 +269,12 @@ class Trainer:
         return self._tasks
 
     def _test_tasks(self):
-        from digirl_lite.envs.sim import SimPhoneEnv
+        """The held-out task list (loaded once, not at every evaluation)."""
+        if self._test is None:
+            from digirl_lite.envs.sim import SimPhoneEnv
 
-        return SimPhoneEnv(self.cfg.test_task_file or f"{self.cfg.world}_test").tasks
+            self._test = SimPhoneEnv(self.cfg.test_task_file or f"{self.cfg.world}_test").tasks
+        return self._test
 
     def _cache_key(self, *parts: Any) -> str:
         return hashlib.blake2b(json.dumps(parts, sort_keys=True, default=str).encode(),
@@ -467,12 +471,8 @@ class Trainer:
             with torch.no_grad():
                 values = critic_values_many(kept, self.screens, self.text, self.step_critic)
             for t, v in zip(kept, values):
-                if c.step_filter == "paper":
-                    a = filters.step_advantage(v, t.rewards, lam=c.lam)
-                    keep = filters.step_keep_mask(a, t.horizon)
-                else:
-                    mc = np.array([s.mc_return for s in t.steps])
-                    keep = filters.step_advantage_released(v[:-1], v[1:], t.rewards, mc) > 0
+                _, keep = filters.step_grades(v, t.rewards, [s.mc_return for s in t.steps],
+                                              t.horizon, c.step_filter, c.lam)
                 steps += [s for s, k in zip(t.steps, keep) if k and s.action.is_valid]
         return steps, {"kept_trajectories": len(kept), "kept_steps": len(steps)}
 

@@ -181,13 +181,8 @@ class Grader:
         values = critic_values_many(trajs, screens, self.text, self.step_critic)
         out = {}
         for i, (t, v) in enumerate(zip(trajs, values)):
-            if self.step_filter == "paper":
-                a = filters.step_advantage(v, t.rewards, lam=self.lam)
-                step_ok = filters.step_keep_mask(a, t.horizon)
-            else:
-                mc = np.array([s.mc_return for s in t.steps])
-                a = filters.step_advantage_released(v[:-1], v[1:], t.rewards, mc)
-                step_ok = a > 0
+            a, step_ok = filters.step_grades(v, t.rewards, [s.mc_return for s in t.steps],
+                                             t.horizon, self.step_filter, self.lam)
             if self.algorithm == "filtered_bc":
                 step_ok = np.ones(len(t.steps), dtype=bool)
             valid = np.array([s.action.is_valid for s in t.steps])
