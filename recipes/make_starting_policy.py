@@ -1,5 +1,6 @@
-"""Build the starting policy (the AutoUI role): supervised fine-tuning of the tiny preset on
-the simulator's clean expert demonstrations, saved with the SFT settings it was built under.
+"""Build the starting policy (the AutoUI role): copy drills (the copying a pre-trained T5
+brings), then supervised fine-tuning of the tiny preset on the simulator's expert
+demonstrations, saved with the SFT settings it was built under.
 
     python recipes/make_starting_policy.py --world webshop      # -> data/policies/sft-webshop
 

@@ -100,3 +100,26 @@ def test_varied_products_make_new_searchable_tasks():
     trajs, _, stats = generate_demos("webshop", n=20, seed=3, varied_products=True)
     assert stats.success_rate == 1.0
     assert not {t.task for t in trajs} <= set(base)
+
+
+def test_copy_drills_ask_for_new_products_and_target_them():
+    """Each drill's goal quotes the product it targets; products are new (not the train
+    list's), vary, and the stream is reproducible from its seed."""
+    from itertools import islice
+
+    from digirl_lite.envs.sim.pile import copy_drills
+    from digirl_lite.envs.sim.tasks import load_task_file, parse_task
+    from digirl_lite.paths import data_dir
+    from digirl_lite.prompts import task_from_prompt
+
+    drills = list(islice(copy_drills(seed=4), 300))
+    assert drills == list(islice(copy_drills(seed=4), 300))
+    assert drills != list(islice(copy_drills(seed=5), 300))
+    train = {parse_task(t).query for t in load_task_file(data_dir() / "tasks" /
+                                                         "webshop_train.txt")}
+    for prompt, product in drills:
+        task = task_from_prompt(prompt)
+        assert parse_task(task).query == product
+        assert prompt.startswith("Previous Actions: Goal: ")
+    products = [p for _, p in drills]
+    assert len(set(products)) > 290 and not set(products) & train

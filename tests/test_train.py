@@ -210,3 +210,28 @@ def test_resume_after_kill_loses_and_repeats_nothing(tmp_path):
     assert np.isfinite(summary["stages"]["online"]["success_rate"])
     assert not any(t.ending is Ending.INFRA for t in online)
     assert ScreenTable  # imported for type context
+
+
+def test_sft_starts_with_copy_drills_that_teach_copying(tmp_path):
+    """The copy phase comes first (logged), then demonstrations with drills mixed in; the
+    drills raise the likelihood of copying products the policy never saw."""
+    from itertools import islice
+
+    from digirl_lite.envs.sim.pile import copy_drills
+    from digirl_lite.policy import AutoUIPolicy
+
+    cfg = sim_quick(sft_demos=10, sft_copy_updates=25, sft_updates=3, sft_batch=16)
+    t = _trainer(cfg, tmp_path)
+    policy = t.train_sft()
+    phases = [json.loads(x).get("phase") for x in
+              (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert phases[0] == "copy" and phases[-1] == "demos"
+    held = list(islice(copy_drills(seed=99), 16))
+    fresh = AutoUIPolicy.sim_preset(seed=cfg.sft_seed)
+    img = np.zeros((16, policy.img_dim), dtype=np.float32)
+    with torch.no_grad():
+        before = fresh.log_prob([p for p, _ in held], img, [a for _, a in held]).mean()
+        after = policy.log_prob([p for p, _ in held], img, [a for _, a in held]).mean()
+    assert after > before + 10
+    with pytest.raises(ValueError, match="sft_copy_share"):
+        sim_quick(sft_copy_share=1.0)

@@ -86,6 +86,14 @@ class DigiRLConfig:
     seen recovery (closing a pop-up, BACK from voice input) in a few percent of its steps
     and samples it sometimes, as AutoUI had seen some in AitW; with none, online practice
     has almost nothing to find. Evaluation and practice use the full rates."""
+    sft_copy_updates: int = 1500
+    """Copy drills before SFT (this project; batch ``sft_batch``): prompts that ask to search
+    for a made-up product, target the product (:func:`digirl_lite.envs.sim.pile.copy_drills`).
+    They stand in for the pre-training a real Auto-UI brings: without them the tiny
+    from-scratch T5 never learned to copy a product from its goal and mistyped every unseen
+    product (held-out searches 0/64, whatever the tokenizer). 0: none."""
+    sft_copy_share: float = 0.25
+    """Share of each SFT batch that is copy drills, so the skill survives SFT."""
     sft_updates: int = 1500
     """SFT updates (batch ``sft_batch``); enough for the tiny preset to copy the expert."""
     sft_batch: int = 64
@@ -164,6 +172,8 @@ class DigiRLConfig:
             raise ValueError(f"env must be 'sim' or 'android', got {self.env!r}")
         if not 0 < self.top_p <= 1 or not 0 <= self.lam <= 1:
             raise ValueError("top_p must be in (0, 1] and lam in [0, 1]")
+        if not 0 <= self.sft_copy_share < 1 or self.sft_copy_updates < 0:
+            raise ValueError("sft_copy_share must be in [0, 1) and sft_copy_updates >= 0")
         for f in ("n_envs", "rollouts_per_iteration", "capacity", "actor_batch",
                   "critic_batch", "sft_batch", "eval_tasks"):
             if getattr(self, f) <= 0:
@@ -232,8 +242,9 @@ def sim_webshop(**overrides: Any) -> DigiRLConfig:
 
 def sim_quick(**overrides: Any) -> DigiRLConfig:
     """A few-minute smoke run of the whole pipeline (not for conclusions)."""
-    base = {"sft_demos": 60, "sft_updates": 60, "pile_size": 24, "offline_critic_updates": 10,
-            "offline_actor_updates": 10, "iterations": 2, "rollouts_per_iteration": 8,
+    base = {"sft_demos": 60, "sft_updates": 60, "sft_copy_updates": 20, "pile_size": 24,
+            "offline_critic_updates": 10, "offline_actor_updates": 10, "iterations": 2,
+            "rollouts_per_iteration": 8,
             "n_envs": 8, "actor_updates": 4, "actor_batch": 32, "critic_batch": 32,
             "eval_tasks": 16, "actor_lr": 1e-3, "actor_grad_clip": 1.0, "max_new_tokens": 32}
     return DigiRLConfig(**{**base, **overrides})

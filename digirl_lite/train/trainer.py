@@ -87,7 +87,12 @@ def mle_update(policy, opt, steps: Sequence[Step], screens: ScreenTable,
     ``accelerate launch`` with several processes the gradients are averaged across them
     before clipping (each process brings its own steps: data parallel).
     """
-    prompts, feats, actions = steps_to_batch(steps, screens)
+    return text_mle_update(policy, opt, *steps_to_batch(steps, screens), grad_clip, accelerator)
+
+
+def text_mle_update(policy, opt, prompts: Sequence[str], feats, actions: Sequence[str],
+                    grad_clip: float | None, accelerator=None) -> float:
+    """:func:`mle_update` on prompts, image features and target strings directly."""
     policy.model.train()
     loss = -policy.log_prob(prompts, feats, actions).mean()
     opt.zero_grad()
@@ -293,9 +298,10 @@ class Trainer:
         from digirl_lite.policy import SIM_PRESET
 
         c = self.cfg
-        return self._cache_key("sft-v2", c.world, c.sft_seed, c.sft_demos, c.sft_updates,
+        return self._cache_key("sft-v3", c.world, c.sft_seed, c.sft_demos, c.sft_updates,
                                c.sft_batch, c.sft_lr, c.sft_surprise_rate,
-                               c.sft_varied_products, SIM_PRESET,
+                               c.sft_varied_products, c.sft_copy_updates, c.sft_copy_share,
+                               SIM_PRESET,
                                self.policy.tokenizer.vocab_size)
 
     def build_starting_policy(self) -> None:
@@ -346,12 +352,17 @@ class Trainer:
             "sft_demos": self.cfg.sft_demos, "sft_updates": self.cfg.sft_updates,
             "sft_batch": self.cfg.sft_batch, "sft_lr": self.cfg.sft_lr,
             "sft_surprise_rate": self.cfg.sft_surprise_rate,
-            "sft_varied_products": self.cfg.sft_varied_products}, indent=1))
+            "sft_varied_products": self.cfg.sft_varied_products,
+            "sft_copy_updates": self.cfg.sft_copy_updates,
+            "sft_copy_share": self.cfg.sft_copy_share}, indent=1))
         return d
 
     def train_sft(self):
-        """Supervised fine-tuning of a fresh preset policy on clean expert demonstrations."""
-        from digirl_lite.envs.sim.pile import generate_demos
+        """The starting policy from fresh preset weights: ``sft_copy_updates`` copy drills
+        (:func:`~digirl_lite.envs.sim.pile.copy_drills`: the copying a pre-trained T5
+        brings), then supervised fine-tuning on the expert's demonstrations, with a share
+        ``sft_copy_share`` of drills in every batch."""
+        from digirl_lite.envs.sim.pile import copy_drills, generate_demos
 
         c = self.cfg
         demos, dscreens, _ = generate_demos(c.world, n=c.sft_demos, seed=c.sft_seed,
@@ -365,15 +376,29 @@ class Trainer:
         opt = torch.optim.AdamW(policy.model.parameters(), lr=c.sft_lr)
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda u: min(1.0, (u + 1) / 50))
         rng = np.random.default_rng([c.sft_seed, self.accelerator.process_index])
+        drills = copy_drills(seed=c.sft_seed * 1009 + self.accelerator.process_index)
+        no_image = np.zeros((c.sft_batch, policy.img_dim), dtype=np.float32)
+        n_drill = int(round(c.sft_copy_share * c.sft_batch))
         t0 = time.perf_counter()
-        with self._bar(c.sft_updates, "sft") as bar:
-            for u in range(c.sft_updates):
-                batch = [steps[i] for i in rng.integers(0, len(steps), c.sft_batch)]
-                loss = mle_update(policy, opt, batch, dscreens, 1.0, self.accelerator)
+        total = c.sft_copy_updates + c.sft_updates
+        with self._bar(total, "sft") as bar:
+            for u in range(total):
+                k = c.sft_batch if u < c.sft_copy_updates else n_drill
+                drill = [next(drills) for _ in range(k)]
+                prompts, actions = [p for p, _ in drill], [a for _, a in drill]
+                feats = no_image[:k]
+                if k < c.sft_batch:
+                    batch = [steps[i] for i in rng.integers(0, len(steps), c.sft_batch - k)]
+                    bp, bf, ba = steps_to_batch(batch, dscreens)
+                    prompts, actions = prompts + bp, actions + ba
+                    feats = np.concatenate([feats, np.asarray(bf, dtype=np.float32)])
+                loss = text_mle_update(policy, opt, prompts, feats, actions, 1.0,
+                                       self.accelerator)
                 sched.step()
                 bar.update()
-                if u % 100 == 0 or u == c.sft_updates - 1:
-                    self.log(stage="sft", update=u, loss=round(loss, 4))
+                if u % 100 == 0 or u == total - 1:
+                    self.log(stage="sft", update=u, loss=round(loss, 4),
+                             phase="copy" if u < c.sft_copy_updates else "demos")
         self.timings["sft"] = time.perf_counter() - t0
         return policy
 
