@@ -244,9 +244,9 @@ def sim_quick(**overrides: Any) -> DigiRLConfig:
     """A few-minute smoke run of the whole pipeline (not for conclusions)."""
     base = {"sft_demos": 60, "sft_updates": 60, "sft_copy_updates": 20, "pile_size": 24,
             "offline_critic_updates": 10, "offline_actor_updates": 10, "iterations": 2,
-            "rollouts_per_iteration": 8,
-            "n_envs": 8, "actor_updates": 4, "actor_batch": 32, "critic_batch": 32,
-            "eval_tasks": 16, "actor_lr": 1e-3, "actor_grad_clip": 1.0, "max_new_tokens": 32}
+            "rollouts_per_iteration": 8, "n_envs": 8, "actor_updates": 4, "actor_batch": 32,
+            "critic_batch": 32, "eval_tasks": 16, "actor_lr": 1e-3, "actor_grad_clip": 1.0,
+            "max_new_tokens": 32}
     return DigiRLConfig(**{**base, **overrides})
 
 

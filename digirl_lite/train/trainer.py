@@ -363,6 +363,7 @@ class Trainer:
         brings), then supervised fine-tuning on the expert's demonstrations, with a share
         ``sft_copy_share`` of drills in every batch."""
         from digirl_lite.envs.sim.pile import copy_drills, generate_demos
+        from digirl_lite.policy import AutoUIPolicy
 
         c = self.cfg
         demos, dscreens, _ = generate_demos(c.world, n=c.sft_demos, seed=c.sft_seed,
@@ -370,8 +371,6 @@ class Trainer:
                                             varied_products=c.sft_varied_products)
         self._fill_features(dscreens)
         steps = [s for t in demos for s in t.steps]
-        from digirl_lite.policy import AutoUIPolicy
-
         policy = AutoUIPolicy.sim_preset(seed=c.sft_seed).to(self.accelerator.device)
         opt = torch.optim.AdamW(policy.model.parameters(), lr=c.sft_lr)
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda u: min(1.0, (u + 1) / 50))
