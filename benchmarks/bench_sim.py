@@ -23,7 +23,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--tasks", default="webshop_test")
     ap.add_argument("--episodes", type=int, default=100)
     ap.add_argument("--agent", choices=["copier", "expert"], default="copier")
-    ap.add_argument("--render-cache", type=int, default=32)
+    ap.add_argument("--render-cache", type=int, default=8)
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
 

@@ -364,6 +364,42 @@ def _copy_store(src: Path, tmp_path: Path) -> Path:
     return dst
 
 
+def test_screen_table_offload_swaps_images_for_loaders():
+    t = ScreenTable()
+    a, b = _img(1), _img(2)
+    ida, idb = t.add(a), t.add(b)
+    t.add(lambda: _img(3), screen_id="lazy")
+    assert t.in_memory() == 2
+    n = t.offload({ida: lambda: a.copy(), "lazy": lambda: None, "unknown": lambda: b})
+    assert n == 1 and t.in_memory() == 1  # only decoded images are replaced
+    assert t.image(ida) is not a and screen_id_of_image(t.image(ida)) == ida
+    assert t.image(idb) is b
+    assert screen_id_of_image(t.image("lazy")) == screen_id_of_image(_img(3))
+
+
+def test_append_leaves_written_screens_as_loaders_from_the_store(tmp_path):
+    """A run appends every iteration: what the store holds must not stay decoded too."""
+    trajs, screens = random_pile(8, seed=3, horizon=4, feature_dim=8, n_screens=10)
+    pixels = {sid: np.asarray(screens.image(sid)).copy() for sid in screens.ids}
+    used = referenced_screens(trajs)
+    assert screens.in_memory() == len(screens) > len(used)
+    save_trajectories(tmp_path / "a", trajs[:4], screens)
+    first = referenced_screens(trajs[:4])
+    assert screens.in_memory() == len(screens) - len(first)
+    save_trajectories(tmp_path / "a", trajs[4:], screens)
+    assert screens.in_memory() == len(screens) - len(used)  # unreferenced ones stay
+    for sid in screens.ids:
+        np.testing.assert_array_equal(np.asarray(screens.image(sid)), pixels[sid])
+    # an offloaded table writes the same pictures into another store
+    save_trajectories(tmp_path / "b", trajs, screens)
+    _, loaded = load_trajectories(tmp_path / "b")
+    for sid in used:
+        np.testing.assert_array_equal(np.asarray(loaded.image(sid)), pixels[sid])
+    kept, kept_screens = random_pile(4, seed=4, horizon=4, feature_dim=8, n_screens=6)
+    TrajectoryStore.create(tmp_path / "c", 8).append(kept, kept_screens, offload=False)
+    assert kept_screens.in_memory() == len(kept_screens)
+
+
 class TestStoreRoundTrip:
     def test_trajectories_round_trip_equal(self, pile, saved_store):
         trajs, _ = pile

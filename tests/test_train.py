@@ -34,7 +34,7 @@ def _trainer(cfg, tmp_path, name="run"):
 
 def _with_features(trainer, trajs, screens):
     trainer.screens.merge(screens)
-    trainer._fill_features(trainer.screens)
+    trainer.features.fill(trainer.screens)
     return trajs
 
 

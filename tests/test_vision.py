@@ -443,6 +443,23 @@ def test_cache_fills_a_screen_table():
     assert cache.fill(table) == 0
 
 
+def test_cache_fill_does_not_read_images_it_has_features_for():
+    enc = CountingEncoder()
+    cache = FeatureCache(enc)
+    a, b = _images(2)
+    cache.get([a], ids=["a"])
+    table = ScreenTable()
+
+    def unreadable():
+        raise AssertionError("the image of a cached screen was read")
+
+    table.add(unreadable, screen_id="a")  # e.g. a screen already in the store, on disk
+    table.add(b, screen_id="b")
+    assert cache.fill(table) == 2
+    assert enc.calls == [1, 1]  # a once (above), b once: a's features came from the cache
+    np.testing.assert_array_equal(table.features(["a"]), enc.encode([a]))
+
+
 def test_cache_on_simulated_episodes():
     from digirl_lite.envs.sim import Copier, SimPhoneEnv
 

@@ -360,6 +360,23 @@ class ScreenTable:
             img = img()
         return img
 
+    def in_memory(self) -> int:
+        """How many screens hold a decoded image (not a loader) in memory."""
+        return sum(1 for img in self._images if img is not None and not callable(img))
+
+    def offload(self, loaders: Mapping[str, Callable[[], Image.Image | None]]) -> int:
+        """Replace in-memory images by loaders of the same pictures (e.g. from the store
+        that has just written them), so a long run does not keep every screenshot decoded.
+        Screens without an in-memory image are left as they are. Returns how many were
+        replaced."""
+        n = 0
+        for sid, loader in loaders.items():
+            i = self._index.get(sid)
+            if i is not None and self._images[i] is not None and not callable(self._images[i]):
+                self._images[i] = loader
+                n += 1
+        return n
+
     def source_path(self, screen_id: str) -> str | None:
         return self._paths[self._index[screen_id]]
 

@@ -224,11 +224,16 @@ class TrajectoryStore:
             ids.update(ds.data.column("screen_id").to_pylist())
         return ids
 
-    def append(self, trajectories: Sequence[Trajectory], screens: ScreenTable) -> str | None:
+    def append(self, trajectories: Sequence[Trajectory], screens: ScreenTable,
+               offload: bool = True) -> str | None:
         """Write ``trajectories`` and the screens they reference as one new shard.
 
         Screens already in the store are not written again. Every screen a step references
         must be in ``screens`` or already stored. Returns the shard name (None if empty).
+
+        With ``offload`` the screens just written stay in ``screens`` as loaders from this
+        shard instead of decoded images (:meth:`ScreenTable.offload`): ``screens.image(id)``
+        still returns the picture, and a long run's memory stays flat.
         """
         trajectories = list(trajectories)
         if not trajectories:
@@ -299,6 +304,10 @@ class TrajectoryStore:
         self.manifest.setdefault("rows", {})[name] = {
             "trajectories": len(traj_rows), "steps": len(step_rows), "screens": len(screen_rows)}
         self._write_manifest()
+        if offload and screen_rows:
+            written = self._load_table(name, "screens")
+            screens.offload({sid: _ImageLoader(written, row) for row, sid in enumerate(new_ids)
+                             if screen_rows[row]["image"] is not None})
         return name
 
     def _known_traj_ids(self) -> set[str]:

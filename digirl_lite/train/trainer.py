@@ -55,7 +55,8 @@ class PolicyBatchAgent:
         self.calls = 0
 
     def features_of(self, screen_ids: Sequence[str]) -> np.ndarray:
-        imgs = [self.screens.image(i) for i in screen_ids]
+        # a screen whose features are cached is not read again (it may be on disk by now)
+        imgs = [None if i in self.features else self.screens.image(i) for i in screen_ids]
         f = self.features.get(imgs, list(screen_ids))
         for sid, row in zip(screen_ids, f):
             if not self.screens.has_features(sid):
@@ -285,13 +286,6 @@ class Trainer:
         return hashlib.blake2b(json.dumps(parts, sort_keys=True, default=str).encode(),
                                digest_size=6).hexdigest()
 
-    def _fill_features(self, screens: ScreenTable) -> None:
-        missing = [s for s in screens.ids if not screens.has_features(s)]
-        if missing:
-            f = self.features.get([screens.image(s) for s in missing], missing)
-            for sid, row in zip(missing, f):
-                screens.add(features=row, screen_id=sid)
-
     # -- the starting policy (AutoUI role) ---------------------------------------------------
     def sft_key(self) -> str:
         """What the SFT starting policy depends on (a cached or shipped one must match)."""
@@ -369,7 +363,7 @@ class Trainer:
         demos, dscreens, _ = generate_demos(c.world, n=c.sft_demos, seed=c.sft_seed,
                                             surprise_rate=c.sft_surprise_rate,
                                             varied_products=c.sft_varied_products)
-        self._fill_features(dscreens)
+        self.features.fill(dscreens)
         steps = [s for t in demos for s in t.steps]
         policy = AutoUIPolicy.sim_preset(seed=c.sft_seed).to(self.accelerator.device)
         opt = torch.optim.AdamW(policy.model.parameters(), lr=c.sft_lr)
@@ -422,7 +416,7 @@ class Trainer:
         episodes = self._timed("pile", lambda: self.fleet().collect(
             self.agent(), [tasks[i] for i in idx], self.screens, id_prefix=f"pile-s{c.seed}",
             source=Source.OFFLINE, iteration=-1, seed=c.seed * 1_000_003 + 7))
-        self._fill_features(self.screens)
+        self.features.fill(self.screens)
         trajs = [e.trajectory for e in episodes]
         if cached is not None:
             sub = ScreenTable(self.screens.feature_dim)
@@ -540,7 +534,7 @@ class Trainer:
                 seed=c.seed * 1_000_003 + 100_000 * k))
             collected = [e.trajectory for e in episodes]
             self.timings["inference"] = self.timings.get("inference", 0.0) + agent.seconds
-            self._fill_features(self.screens)
+            self.features.fill(self.screens)
             self._timed("store", lambda: self._store_append(collected))
         self.buffer.add(collected)
         self.online_trajectories += len(collected)
@@ -565,7 +559,7 @@ class Trainer:
             n_tasks=self.cfg.eval_tasks, seed=10_000 + self.cfg.seed,
             id_prefix=f"eval-{stage}", screens=screens))
         if self.is_main:  # every evaluation trajectory, for replay and the report
-            self._fill_features(screens)
+            self.features.fill(screens)
             ev = self.out / "eval" / stage
             if ev.exists():
                 shutil.rmtree(ev)  # an evaluation interrupted by a crash, now redone

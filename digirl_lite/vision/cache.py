@@ -124,16 +124,18 @@ class FeatureCache:
     def fill(self, screens: ScreenTable, batch_size: int = 256) -> int:
         """Give features to the screens of ``screens`` that lack them and have an image.
 
-        The table's screen ids are the cache keys. Screens without an image (imported with
-        features only, or without either) are left as they are. Returns the number filled.
+        The table's screen ids are the cache keys; a screen already cached is filled without
+        reading its image. Screens without an image (imported with features only, or without
+        either) are left as they are. Returns the number filled.
         """
         todo = [sid for sid in screens.ids if not screens.has_features(sid)]
         filled = 0
         for i in range(0, len(todo), batch_size):
             ids, images = [], []
             for sid in todo[i:i + batch_size]:
-                img = screens.image(sid)
-                if img is not None:
+                cached = sid in self._store  # then the image need not be read
+                img = None if cached else screens.image(sid)
+                if cached or img is not None:
                     ids.append(sid)
                     images.append(img)
             if not ids:

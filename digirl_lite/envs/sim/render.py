@@ -115,7 +115,7 @@ class Renderer:
     Returned images are shared with the cache: treat them as read-only (copy to draw on).
     """
 
-    def __init__(self, width: int = WIDTH, height: int = HEIGHT, cache_size: int = 32) -> None:
+    def __init__(self, width: int = WIDTH, height: int = HEIGHT, cache_size: int = 8) -> None:
         self.width, self.height = width, height
         self.cache_size = cache_size
         self._cache: OrderedDict[str, Image.Image] = OrderedDict()
