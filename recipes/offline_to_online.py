@@ -17,8 +17,8 @@ import sys
 from pathlib import Path
 
 from digirl_lite.train.cli import config_from_args, print_table, run_parser
-from digirl_lite.train.config import DigiRLConfig
-from digirl_lite.train.trainer import Trainer
+from digirl_lite.train.config import ConfigError, DigiRLConfig
+from digirl_lite.train.trainer import RunStopped, Trainer
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -35,8 +35,15 @@ def main(argv: list[str] | None = None) -> dict:
                      Path(args.out) / "filtered_bc"))
     results = {}
     for name, c, out in runs:
-        trainer = Trainer(c, out, cache_dir=args.cache_dir or None, progress=not args.quiet)
-        results[name] = trainer.run(resume=args.resume)
+        try:  # devices are reached and encoder widths compared here, before any collection
+            trainer = Trainer(c, out, cache_dir=args.cache_dir or None,
+                              progress=not args.quiet)
+        except ConfigError as e:
+            raise SystemExit(f"bad configuration: {e}") from None
+        try:
+            results[name] = trainer.run(resume=args.resume)
+        except RunStopped as e:
+            raise SystemExit(f"run stopped: {e}") from None
     print_table(results, cfg.eval_tasks)
     print(f"wall time: {sum(r['wall_s'] for r in results.values()):.0f} s; "
           f"run folder: {args.out}")

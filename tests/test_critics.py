@@ -11,6 +11,7 @@ import math
 import socket
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -41,6 +42,9 @@ from digirl_lite.data import Ending, ScreenTable, Step, Trajectory, Verdict
 from digirl_lite.data.synthetic import random_pile
 from digirl_lite.filters import step_advantage, step_keep_mask
 from digirl_lite.prompts import build_prompt
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from tiny_models import tiny_roberta_dir  # noqa: E402
 
 
 # ----------------------------------------------------------------------------------------
@@ -91,27 +95,6 @@ def small_screens(n: int = 4, dim: int = 4, seed: int = 0) -> ScreenTable:
     for i in range(n):
         table.add(features=rng.standard_normal(dim), screen_id=f"scr{i}")
     return table
-
-
-def tiny_roberta_dir(path, hidden: int = 32):
-    """A random 2-layer RoBERTa and a WordLevel tokenizer saved to ``path`` (offline)."""
-    from tokenizers import Tokenizer, models, pre_tokenizers, processors
-    from transformers import PreTrainedTokenizerFast, RobertaConfig, RobertaModel
-
-    words = ("previous actions goal go to walmart costco ebay search for the first entry "
-             "news india open tap type").split()
-    vocab = {w: i for i, w in enumerate(["<s>", "<pad>", "</s>", "<unk>", *words])}
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok.post_processor = processors.TemplateProcessing(
-        single="<s> $A </s>", special_tokens=[("<s>", 0), ("</s>", 2)])
-    PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>",
-                            pad_token="<pad>", unk_token="<unk>").save_pretrained(path)
-    torch.manual_seed(0)
-    cfg = RobertaConfig(vocab_size=len(vocab), hidden_size=hidden, num_hidden_layers=2,
-                        num_attention_heads=2, intermediate_size=64, max_position_embeddings=40)
-    RobertaModel(cfg).save_pretrained(path)
-    return path
 
 
 @pytest.fixture(scope="module")

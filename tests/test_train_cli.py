@@ -45,20 +45,26 @@ def test_real_setting_configs_fail_early_naming_each_missing_path(name):
 
 
 def test_real_setting_config_passes_its_check_once_paths_exist(tmp_path):
-    for d in ("sdk", "autoui", "blip2"):
+    for d in ("sdk", "autoui", "blip2", "roberta"):
         (tmp_path / d).mkdir()
     for f in ("train.txt", "test.txt"):
         (tmp_path / f).write_text("Go to costco.com\n")
-    cfg = DigiRLConfig(env="android", android={"sdk_root": str(tmp_path / "sdk"),
-                                               "avd_name": "pixel"},
+    judge = {"judge": "paper", "backend": {"backend": "openai", "model": "qwen-vl",
+                                           "base_url": "http://127.0.0.1:8000/v1",
+                                           "api_key_env": None}}
+    cfg = DigiRLConfig(env="android", android={"emulators": {"avd": "pixel", "n": 2,
+                                                             "sdk_root": str(tmp_path / "sdk")}},
                        starting_policy=str(tmp_path / "autoui"),
                        image_encoder=str(tmp_path / "blip2"),
+                       text_encoder=str(tmp_path / "roberta"), judge=judge,
                        task_file=str(tmp_path / "train.txt"),
                        test_task_file=str(tmp_path / "test.txt"))
     cfg.check_paths()  # does not raise
-    with pytest.raises(ConfigError, match="avd_name"):
-        DigiRLConfig.from_dict({**cfg.as_dict(), "android": {"sdk_root": str(tmp_path)}}
-                               ).check_paths()
+    with pytest.raises(ConfigError, match="android.emulators.avd: not set"):
+        DigiRLConfig.from_dict({**cfg.as_dict(), "android": {"emulators": {
+            "sdk_root": str(tmp_path)}}}).check_paths()
+    with pytest.raises(ConfigError, match="task_file: required with emulators"):
+        DigiRLConfig.from_dict({**cfg.as_dict(), "task_file": None}).check_paths()
 
 
 def test_main_job_refuses_a_config_with_missing_paths_before_any_work(tmp_path):

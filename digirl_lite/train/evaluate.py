@@ -16,7 +16,7 @@ from digirl_lite.rollout.fleet import BatchAgent, Episode
 __all__ = ["FAILURE_KINDS", "failure_kind", "evaluate", "summarize"]
 
 FAILURE_KINDS = ("never_reached_site", "wrong_page_at_end", "ran_out_of_steps",
-                 "infrastructure")
+                 "infrastructure", "unjudged")
 EVAL_TASKS = 96
 
 
@@ -33,7 +33,8 @@ def _reached(task, state) -> bool:
 def failure_kind(episode: Episode) -> str | None:
     """None for a success; else one of :data:`FAILURE_KINDS`.
 
-    Infrastructure first (not the agent's fault); then "never reached the site" (the first
+    Infrastructure first (not the agent's fault), then "unjudged" (the judge could not
+    answer on some step: not the agent's fault either); then "never reached the site" (the first
     milestone never appeared, read from the simulator's states); then "ran out of steps"
     (the budget ended it); else the agent stopped on the wrong page.
     """
@@ -42,6 +43,8 @@ def failure_kind(episode: Episode) -> str | None:
         return None
     if t.ending is Ending.INFRA:
         return "infrastructure"
+    if t.num_unjudged:
+        return "unjudged"
     states = [s for s in episode.states if s is not None]
     if states:
         from digirl_lite.envs.sim.tasks import parse_task
@@ -55,9 +58,17 @@ def failure_kind(episode: Episode) -> str | None:
 
 
 def summarize(episodes: Sequence[Episode]) -> dict[str, Any]:
-    """Success rate (Wilson 95% interval over usable episodes), mean length, failure kinds."""
+    """Success rate (Wilson 95% interval over usable episodes), mean length, failure kinds.
+
+    Episodes cut by the infrastructure, and episodes with an unjudged step (the judge could
+    not say whether the task was done), are left out of the denominator: neither is the
+    agent's failure. ``unjudged`` counts the latter, ``unjudged_step_rate`` is the share of
+    all steps that came back unjudged.
+    """
     trajs = [e.trajectory for e in episodes]
-    judged = [t for t in trajs if not t.is_infra_truncated]
+    judged = [t for t in trajs if t.is_usable]
+    unjudged = sum(1 for t in trajs if not t.is_infra_truncated and t.num_unjudged)
+    steps = sum(len(t) for t in trajs)
     wins = sum(t.is_success for t in judged)
     n = len(judged)
     kinds = Counter(k for k in (failure_kind(e) for e in episodes) if k)
@@ -65,6 +76,9 @@ def summarize(episodes: Sequence[Episode]) -> dict[str, Any]:
         "success_rate": wins / n if n else float("nan"),
         "ci95": list(wilson_interval(wins, n)),
         "episodes": len(trajs),
+        "judged_episodes": n,
+        "unjudged": unjudged,
+        "unjudged_step_rate": sum(t.num_unjudged for t in trajs) / steps if steps else 0.0,
         "successes": wins,
         "mean_length": float(np.mean([len(t) for t in judged])) if judged else float("nan"),
         "mean_length_success": float(np.mean([len(t) for t in judged if t.is_success]))

@@ -13,7 +13,6 @@ Filtered BC replaces the two filters by "successful trajectories, every step".
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import random
@@ -32,10 +31,15 @@ from digirl_lite.data.records import ScreenTable, Source, Step, Trajectory, scre
 from digirl_lite.data.replay import ReplayBuffer
 from digirl_lite.data.store import TrajectoryStore
 from digirl_lite.envs.base import Observation
+from digirl_lite.errors import ConfigError
+from digirl_lite.paths import atomic_write_text, content_key
+from digirl_lite.policy.updates import mle_update, steps_to_batch, text_mle_update
+from digirl_lite.rollout.fleet import JudgeUnavailable
 from digirl_lite.train.config import DigiRLConfig
 from digirl_lite.train.evaluate import evaluate
 
-__all__ = ["PolicyBatchAgent", "Trainer", "mle_update", "steps_to_batch", "ITERATION_PHASES"]
+__all__ = ["PolicyBatchAgent", "Trainer", "RunStopped", "mle_update", "steps_to_batch",
+           "text_mle_update", "ITERATION_PHASES"]
 
 ITERATION_PHASES = ("collect", "inference", "store", "critics", "filter", "actor", "checkpoint")
 """Where an online iteration's time goes (``time_split`` in metrics.jsonl): ``collect`` is
@@ -74,50 +78,21 @@ class PolicyBatchAgent:
         return out
 
 
-def steps_to_batch(steps: Sequence[Step], screens: ScreenTable):
-    """Prompts, (B, d) features of the screen each action was taken on, action strings."""
-    return ([s.prompt for s in steps], screens.features([s.screen_id for s in steps]),
-            [s.action_text for s in steps])
+class RunStopped(RuntimeError):
+    """The run stopped on purpose (its judge could not answer): what was collected is stored
+    and, from the online phase on, a checkpoint saved; ``--resume`` goes on from there once
+    the cause is fixed."""
 
 
-def mle_update(policy, opt, steps: Sequence[Step], screens: ScreenTable,
-               grad_clip: float | None, accelerator=None) -> float:
-    """Eq. 4.2: one maximum-likelihood update on ``steps`` (mean over steps); returns the loss.
+class _StageFleet:
+    """The Trainer's fleet as :func:`evaluate` sees it: ``collect`` through
+    :meth:`Trainer._collect`, so evaluations count and stop on unjudged steps too."""
 
-    With an Accelerate ``accelerator``: its backward (mixed precision), and under
-    ``accelerate launch`` with several processes the gradients are averaged across them
-    before clipping (each process brings its own steps: data parallel).
-    """
-    return text_mle_update(policy, opt, *steps_to_batch(steps, screens), grad_clip, accelerator)
+    def __init__(self, trainer: Trainer, stage: str) -> None:
+        self.trainer, self.stage = trainer, stage
 
-
-def text_mle_update(policy, opt, prompts: Sequence[str], feats, actions: Sequence[str],
-                    grad_clip: float | None, accelerator=None) -> float:
-    """:func:`mle_update` on prompts, image features and target strings directly."""
-    policy.model.train()
-    loss = -policy.log_prob(prompts, feats, actions).mean()
-    opt.zero_grad()
-    if accelerator is None:
-        loss.backward()
-    else:
-        accelerator.backward(loss)
-        if accelerator.num_processes > 1:
-            for p in policy.model.parameters():
-                if p.grad is not None:
-                    p.grad = accelerator.reduce(p.grad, reduction="mean")
-    if grad_clip:
-        torch.nn.utils.clip_grad_norm_(policy.model.parameters(), grad_clip)
-    opt.step()
-    return float(loss.detach())
-
-
-def _atomic_write_text(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}-")
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    def collect(self, agent, tasks, screens, **kw):
+        return self.trainer._collect(self.stage, agent, tasks, screens, **kw)
 
 
 class Trainer:
@@ -136,15 +111,11 @@ class Trainer:
                  cache_dir: str | Path | None = "runs/cache", progress: bool = True) -> None:
         from accelerate import Accelerator
 
-        from digirl_lite.critics import EmbeddingCache, InstructionCritic, MiniLMEncoder, StepCritic
-        from digirl_lite.policy import AutoUIPolicy
+        from digirl_lite.critics import EmbeddingCache, InstructionCritic, StepCritic
+        from digirl_lite.envs.setup import make_phones
         from digirl_lite.vision import FeatureCache
 
-        cfg.check_paths()
-        if cfg.env != "sim":
-            raise NotImplementedError(
-                f"env={cfg.env!r}: the Trainer drives the simulated phone; emulator fleets "
-                "plug in through digirl_lite.rollout (issue 7)")
+        cfg.check_paths()  # every field that cannot work, before anything is built
         self.cfg = cfg
         self.out = Path(out_dir)
         self.out.mkdir(parents=True, exist_ok=True)
@@ -154,11 +125,20 @@ class Trainer:
         self.is_main = self.accelerator.is_main_process
         # under `accelerate launch` every process collects its own trajectories
         self._seed_everything(cfg.seed + 7919 * self.accelerator.process_index)
-        self.policy = AutoUIPolicy.sim_preset(seed=cfg.seed).to(self.accelerator.device)
-        self.features = FeatureCache(self._image_encoder())
-        self.text = EmbeddingCache(MiniLMEncoder())
+        # every size follows the policy: image features, screen tables, the step critic
+        self.policy = self._initial_policy().to(self.accelerator.device)
+        encoder = self._image_encoder()
+        if int(encoder.dim) != self.policy.img_dim:
+            raise ConfigError(
+                f"image_encoder {cfg.image_encoder!r} gives {encoder.dim}-d features but the "
+                f"policy (starting_policy {cfg.starting_policy!r}) reads "
+                f"{self.policy.img_dim}-d image features: use the encoder the policy was "
+                "trained with")
+        self.features = FeatureCache(encoder)
+        self.text = EmbeddingCache(self._text_encoder())
         d_t, d_i = self.text.encoder.dim, self.policy.img_dim
-        self.step_critic = StepCritic(d_t, d_i, hidden=256, init_value=cfg.critic_init_value)
+        self.step_critic = StepCritic(d_t, d_i, hidden=cfg.critic_hidden,
+                                      init_value=cfg.critic_init_value)
         self.instr_critic = InstructionCritic(d_t, init_value=cfg.critic_init_value)
         self.critic_opt = torch.optim.Adam(
             list(self.step_critic.parameters()) + list(self.instr_critic.parameters()),
@@ -170,12 +150,18 @@ class Trainer:
         self.iteration = 0  # online iterations done
         self.online_trajectories = 0
         self.timings: dict[str, float] = {}
-        self.summary: dict[str, Any] = {"config": cfg.as_dict(), "stages": {}}
+        self.summary: dict[str, Any] = {"config": cfg.as_dict(), "stages": {},
+                                        "unjudged_steps": {}}
         self.curve: list[tuple[int, float]] = []
         self._fleet = None
-        self._tasks = None
-        self._test = None
         self._tb = None
+        # the phones last: devices are reached (emulators started) only once the rest holds
+        self.phones = make_phones(cfg, seed=cfg.seed + 7919 * self.accelerator.process_index)
+        if self.phones.n != cfg.n_envs:
+            print(f"[digirl_lite] {self.phones.n} devices in android "
+                  f"({'devices' if 'devices' in cfg.android else 'emulators'}): the fleet has "
+                  f"{self.phones.n} phones (n_envs={cfg.n_envs} applies to the simulator)",
+                  flush=True)
         if cfg.tensorboard and self.is_main:
             try:
                 from torch.utils.tensorboard import SummaryWriter
@@ -184,6 +170,22 @@ class Trainer:
                                   "pip install 'digirl-lite[tensorboard]'") from e
             self._tb = SummaryWriter(str(self.out / "tensorboard"))
 
+    def _initial_policy(self):
+        """A policy directory (a saved AutoUIPolicy or a real Auto-UI checkpoint) is loaded
+        here; for "sft" / "shipped" this is the simulator preset's shape, replaced by the
+        trained or shipped weights in :meth:`build_starting_policy`."""
+        from digirl_lite.policy import AutoUIPolicy
+
+        src = self.cfg.starting_policy
+        if src in ("sft", "shipped"):
+            return AutoUIPolicy.sim_preset(seed=self.cfg.seed)
+        d = Path(src).expanduser()
+        try:
+            return (AutoUIPolicy.load(d) if (d / "digirl_policy.json").is_file()
+                    else AutoUIPolicy.from_pretrained(d))
+        except (OSError, ValueError) as e:
+            raise ConfigError(f"starting_policy {str(d)!r}: {e}") from None
+
     def _image_encoder(self):
         from digirl_lite.vision import SimScreenEncoder
 
@@ -191,7 +193,23 @@ class Trainer:
             return SimScreenEncoder(dim=self.policy.img_dim, seed=0)
         from digirl_lite.vision import Blip2Features
 
-        return Blip2Features(self.cfg.image_encoder, device=self.accelerator.device)
+        try:
+            return Blip2Features(Path(self.cfg.image_encoder).expanduser(),
+                                 device=self.accelerator.device)
+        except (OSError, ValueError) as e:
+            raise ConfigError(f"image_encoder {self.cfg.image_encoder!r}: {e}") from None
+
+    def _text_encoder(self):
+        """The critics' frozen text encoder (``text_encoder``), on the run's device."""
+        from digirl_lite.critics import HFTextEncoder, MiniLMEncoder
+
+        dev = self.accelerator.device
+        if self.cfg.text_encoder == "minilm":
+            return MiniLMEncoder(device=dev)
+        try:
+            return HFTextEncoder(Path(self.cfg.text_encoder).expanduser(), device=dev)
+        except (OSError, ValueError) as e:
+            raise ConfigError(f"text_encoder {self.cfg.text_encoder!r}: {e}") from None
 
     def _iter(self, n: int, desc: str):
         """``range(n)`` with a progress bar when the phase is long enough to watch."""
@@ -241,22 +259,21 @@ class Trainer:
 
     def fleet(self):
         if self._fleet is None:
-            from digirl_lite.envs.sim import SimEnvFactory
             from digirl_lite.rollout import make_fleet
 
-            kw = {"horizon": self.cfg.horizon} if self.cfg.horizon else {}
-            make = SimEnvFactory(judge=self.cfg.judge,
-                                 seed=self.cfg.seed + 7919 * self.accelerator.process_index,
-                                 tasks=self.cfg.task_file or self.cfg.world, **kw)
-            self._fleet = make_fleet(self.cfg.fleet, make, self.cfg.n_envs,
-                                     **self.cfg.fleet_options)
+            opts = {"max_unjudged_steps": self.cfg.max_unjudged_steps,
+                    **self.cfg.fleet_options}
+            self._fleet = make_fleet(self.cfg.fleet, self.phones.make_env, self.phones.n,
+                                     **opts)
         return self._fleet
 
     def close(self) -> None:
-        """Stop the fleet's workers (threads, processes, Ray actors) and TensorBoard."""
+        """Stop the fleet's workers (threads, processes, Ray actors), the emulators this run
+        started, and TensorBoard."""
         if self._fleet is not None:
             self._fleet.close()
             self._fleet = None
+        self.phones.close()
         if self._tb is not None:
             self._tb.close()
             self._tb = None
@@ -267,131 +284,57 @@ class Trainer:
                                 self.cfg.temperature, self.cfg.max_new_tokens)
 
     def _train_tasks(self):
-        """The train task list (loaded once; the fleet's workers load their own)."""
-        if self._tasks is None:
-            from digirl_lite.envs.sim import SimPhoneEnv
-
-            self._tasks = SimPhoneEnv(self.cfg.task_file or self.cfg.world).tasks
-        return self._tasks
+        return self.phones.train_tasks
 
     def _test_tasks(self):
-        """The held-out task list (loaded once, not at every evaluation)."""
-        if self._test is None:
-            from digirl_lite.envs.sim import SimPhoneEnv
-
-            self._test = SimPhoneEnv(self.cfg.test_task_file or f"{self.cfg.world}_test").tasks
-        return self._test
+        return self.phones.test_tasks
 
     def _cache_key(self, *parts: Any) -> str:
-        return hashlib.blake2b(json.dumps(parts, sort_keys=True, default=str).encode(),
-                               digest_size=6).hexdigest()
+        return content_key(*parts)
 
     # -- the starting policy (AutoUI role) ---------------------------------------------------
     def sft_key(self) -> str:
-        """What the SFT starting policy depends on (a cached or shipped one must match)."""
-        from digirl_lite.policy import SIM_PRESET
+        """What the simulator's SFT starting policy depends on (a cached or shipped one
+        must match); see :mod:`digirl_lite.envs.sim.starting`."""
+        from digirl_lite.envs.sim.starting import sft_key
 
-        c = self.cfg
-        return self._cache_key("sft-v3", c.world, c.sft_seed, c.sft_demos, c.sft_updates,
-                               c.sft_batch, c.sft_lr, c.sft_surprise_rate,
-                               c.sft_varied_products, c.sft_copy_updates, c.sft_copy_share,
-                               SIM_PRESET,
-                               self.policy.tokenizer.vocab_size)
+        return sft_key(self.cfg)
 
     def build_starting_policy(self) -> None:
-        """The starting policy: ``cfg.starting_policy`` "sft" (SFT on the expert's clean
-        demonstrations, cached by config), "shipped" (``data/policies/sft-<world>``, which
-        must have been built with this config's SFT settings), or a policy directory."""
-        from digirl_lite.paths import data_dir
-        from digirl_lite.policy import AutoUIPolicy
-
+        """The starting policy: ``cfg.starting_policy`` "sft" / "shipped" (the simulator's,
+        :func:`digirl_lite.envs.sim.starting.starting_policy`), or the directory loaded when
+        the Trainer was built."""
         c = self.cfg
-        src = c.starting_policy
-        if src not in ("sft", "shipped"):
-            d = Path(src).expanduser()
-            self.policy = (AutoUIPolicy.load(d) if (d / "digirl_policy.json").is_file()
-                           else AutoUIPolicy.from_pretrained(d))
-            self.log(stage="sft", loaded=str(d))
+        if c.starting_policy in ("sft", "shipped"):
+            from digirl_lite.envs.sim.starting import starting_policy
+
+            self.policy, seconds = starting_policy(
+                c, features=self.features, cache_dir=self.cache_dir,
+                device=self.accelerator.device, process_index=self.accelerator.process_index,
+                accelerator=self.accelerator, log=self.log, bar=self._bar,
+                is_main=self.is_main)
+            if seconds is not None:
+                self.timings["sft"] = seconds
         else:
-            key = self.sft_key()
-            cached = (data_dir() / "policies" / f"sft-{c.world}" if src == "shipped"
-                      else self.cache_dir / f"sft-{key}" if self.cache_dir else None)
-            meta = cached / "sft.json" if cached is not None else None
-            if meta is not None and meta.is_file():
-                made = json.loads(meta.read_text()).get("key")
-                if made != key:
-                    raise ValueError(
-                        f"{cached} was built with other SFT settings (key {made}, this run "
-                        f"{key}); rebuild it with recipes/make_starting_policy.py or set "
-                        "starting_policy='sft'")
-                self.policy = AutoUIPolicy.load(cached)
-                self.log(stage="sft", loaded=str(cached))
-            elif src == "shipped":
-                raise FileNotFoundError(
-                    f"no shipped starting policy at {cached}; build it with "
-                    f"python recipes/make_starting_policy.py --world {c.world} (or set "
-                    "starting_policy='sft')")
-            else:
-                self.policy = self.train_sft()
-                if cached is not None and self.is_main:
-                    self.save_starting_policy(cached)
+            self.log(stage="sft", loaded=str(Path(c.starting_policy).expanduser()))
         self.policy.to(self.accelerator.device)
         self.actor_opt = torch.optim.AdamW(self.policy.model.parameters(), lr=c.actor_lr)
 
     def save_starting_policy(self, directory: str | Path) -> Path:
         """Save the policy with the SFT key it was built under (``sft.json``)."""
-        d = self.policy.save(directory)
-        _atomic_write_text(d / "sft.json", json.dumps({
-            "key": self.sft_key(), "world": self.cfg.world, "sft_seed": self.cfg.sft_seed,
-            "sft_demos": self.cfg.sft_demos, "sft_updates": self.cfg.sft_updates,
-            "sft_batch": self.cfg.sft_batch, "sft_lr": self.cfg.sft_lr,
-            "sft_surprise_rate": self.cfg.sft_surprise_rate,
-            "sft_varied_products": self.cfg.sft_varied_products,
-            "sft_copy_updates": self.cfg.sft_copy_updates,
-            "sft_copy_share": self.cfg.sft_copy_share}, indent=1))
-        return d
+        from digirl_lite.envs.sim.starting import save_starting_policy
+
+        return save_starting_policy(self.policy, self.cfg, directory)
 
     def train_sft(self):
-        """The starting policy from fresh preset weights: ``sft_copy_updates`` copy drills
-        (:func:`~digirl_lite.envs.sim.pile.copy_drills`: the copying a pre-trained T5
-        brings), then supervised fine-tuning on the expert's demonstrations, with a share
-        ``sft_copy_share`` of drills in every batch."""
-        from digirl_lite.envs.sim.pile import copy_drills, generate_demos
-        from digirl_lite.policy import AutoUIPolicy
+        """The simulator's SFT starting policy from fresh preset weights
+        (:func:`digirl_lite.envs.sim.starting.train_sft`)."""
+        from digirl_lite.envs.sim.starting import train_sft
 
-        c = self.cfg
-        demos, dscreens, _ = generate_demos(c.world, n=c.sft_demos, seed=c.sft_seed,
-                                            surprise_rate=c.sft_surprise_rate,
-                                            varied_products=c.sft_varied_products)
-        self.features.fill(dscreens)
-        steps = [s for t in demos for s in t.steps]
-        policy = AutoUIPolicy.sim_preset(seed=c.sft_seed).to(self.accelerator.device)
-        opt = torch.optim.AdamW(policy.model.parameters(), lr=c.sft_lr)
-        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda u: min(1.0, (u + 1) / 50))
-        rng = np.random.default_rng([c.sft_seed, self.accelerator.process_index])
-        drills = copy_drills(seed=c.sft_seed * 1009 + self.accelerator.process_index)
-        no_image = np.zeros((c.sft_batch, policy.img_dim), dtype=np.float32)
-        n_drill = int(round(c.sft_copy_share * c.sft_batch))
         t0 = time.perf_counter()
-        total = c.sft_copy_updates + c.sft_updates
-        with self._bar(total, "sft") as bar:
-            for u in range(total):
-                k = c.sft_batch if u < c.sft_copy_updates else n_drill
-                drill = [next(drills) for _ in range(k)]
-                prompts, actions = [p for p, _ in drill], [a for _, a in drill]
-                feats = no_image[:k]
-                if k < c.sft_batch:
-                    batch = [steps[i] for i in rng.integers(0, len(steps), c.sft_batch - k)]
-                    bp, bf, ba = steps_to_batch(batch, dscreens)
-                    prompts, actions = prompts + bp, actions + ba
-                    feats = np.concatenate([feats, np.asarray(bf, dtype=np.float32)])
-                loss = text_mle_update(policy, opt, prompts, feats, actions, 1.0,
-                                       self.accelerator)
-                sched.step()
-                bar.update()
-                if u % 100 == 0 or u == total - 1:
-                    self.log(stage="sft", update=u, loss=round(loss, 4),
-                             phase="copy" if u < c.sft_copy_updates else "demos")
+        policy = train_sft(self.cfg, self.features, device=self.accelerator.device,
+                           process_index=self.accelerator.process_index,
+                           accelerator=self.accelerator, log=self.log, bar=self._bar)
         self.timings["sft"] = time.perf_counter() - t0
         return policy
 
@@ -403,8 +346,9 @@ class Trainer:
         c = self.cfg
         policy_id = (self.sft_key() if c.starting_policy in ("sft", "shipped")
                      else str(Path(c.starting_policy).expanduser().resolve()))
+        devices = () if c.env == "sim" else (c.env, c.android)  # sim keys as before
         key = self._cache_key("pile-v2", c.world, c.seed, c.pile_size, c.judge, c.temperature,
-                              c.max_new_tokens, c.horizon, c.task_file, policy_id)
+                              c.max_new_tokens, c.horizon, c.task_file, policy_id, *devices)
         cached = self.cache_dir / f"pile-{key}" if self.cache_dir else None
         if cached is not None and (cached / "digirl_store.json").is_file():
             trajs, screens = load_trajectories(cached)
@@ -413,9 +357,10 @@ class Trainer:
             return trajs
         tasks = self._train_tasks()
         idx = np.random.default_rng(c.seed + 1).integers(0, len(tasks), c.pile_size)
-        episodes = self._timed("pile", lambda: self.fleet().collect(
-            self.agent(), [tasks[i] for i in idx], self.screens, id_prefix=f"pile-s{c.seed}",
-            source=Source.OFFLINE, iteration=-1, seed=c.seed * 1_000_003 + 7))
+        episodes = self._timed("pile", lambda: self._collect(
+            "pile", self.agent(), [tasks[i] for i in idx], self.screens,
+            id_prefix=f"pile-s{c.seed}", source=Source.OFFLINE, iteration=-1,
+            seed=c.seed * 1_000_003 + 7))
         self.features.fill(self.screens)
         trajs = [e.trajectory for e in episodes]
         if cached is not None:
@@ -432,6 +377,42 @@ class Trainer:
                  success_rate=round(float(np.mean([t.is_success for t in trajs])), 4))
         return trajs
 
+    def _collect(self, stage: str, agent: PolicyBatchAgent, tasks: Sequence[Any],
+                 screens: ScreenTable, **kw: Any):
+        """``fleet.collect`` for ``stage``, counting unjudged steps. When the judge cannot
+        answer (``max_unjudged_steps`` in a row), what had finished is stored (the run's
+        store, or the evaluation's), a checkpoint is saved from the online phase on, and
+        :class:`RunStopped` says why."""
+        try:
+            episodes = self.fleet().collect(agent, tasks, screens, **kw)
+        except JudgeUnavailable as e:
+            got = [ep.trajectory for ep in e.episodes]
+            self.features.fill(screens)
+            where = self.out / "store"
+            if stage.startswith("eval"):
+                where = self.out / "eval" / stage.removeprefix("eval:")
+                if self.is_main and got:
+                    TrajectoryStore.create(where, screens.feature_dim, exist_ok=True).append(
+                        got, screens)
+            elif got:
+                self._store_append(got)
+            saved = ""
+            if stage.startswith("online"):
+                saved = f"; checkpoint {self.save_checkpoint()}"
+            self.log(stage="stopped", during=stage, unjudged_in_a_row=e.n, reason=e.reason,
+                     kept_trajectories=len(got))
+            raise RunStopped(
+                f"stopped during {stage}: {e} (the judge's config: {self.cfg.judge}). "
+                f"{len(got)} finished trajectories were stored in {where}{saved}; fix the judge "
+                "and resume") from e
+        steps = sum(len(ep.trajectory) for ep in episodes)
+        unjudged = sum(ep.trajectory.num_unjudged for ep in episodes)
+        name = "online" if stage.startswith("online") else stage
+        tally = self.summary.setdefault("unjudged_steps", {})
+        u, n = tally.get(name, (0, 0))
+        tally[name] = [u + unjudged, n + steps]
+        return episodes
+
     # -- critics --------------------------------------------------------------------------
     def train_critics(self, updates: int) -> dict[str, float]:
         from digirl_lite.critics.data import instruction_batch, step_batches
@@ -446,18 +427,24 @@ class Trainer:
         ib = instruction_batch(trajs, self.text)
         self.step_critic.train()
         self.instr_critic.train()
+        accum = self.cfg.grad_accum  # step-critic minibatches per update (released: 32)
         for _ in self._iter(updates, "critics"):
-            b = next(batches, None)
-            if b is None:
-                batches = step_batches(trajs, self.screens, self.text, self.cfg.critic_batch,
-                                       rng=self.rng)
-                b = next(batches)
-            loss = step_critic_loss(self.step_critic, b, self.cfg.critic_loss)
-            loss_i = instruction_critic_loss(self.instr_critic, ib, self.cfg.critic_loss)
             self.critic_opt.zero_grad()
-            (loss + loss_i).backward()
+            s_loss = 0.0
+            for j in range(accum):
+                b = next(batches, None)
+                if b is None:
+                    batches = step_batches(trajs, self.screens, self.text,
+                                           self.cfg.critic_batch, rng=self.rng)
+                    b = next(batches)
+                loss = step_critic_loss(self.step_critic, b, self.cfg.critic_loss) / accum
+                s_loss += float(loss.detach())
+                if j == accum - 1:  # every task at once: the instruction critic's batch
+                    loss_i = instruction_critic_loss(self.instr_critic, ib, self.cfg.critic_loss)
+                    i_loss = float(loss_i.detach())
+                    loss = loss + loss_i
+                loss.backward()
             self.critic_opt.step()
-            s_loss, i_loss = float(loss.detach()), float(loss_i.detach())
         return {"step_critic_loss": round(s_loss, 4), "instr_critic_loss": round(i_loss, 4)}
 
     # -- filters --------------------------------------------------------------------------
@@ -501,7 +488,8 @@ class Trainer:
         for _ in self._iter(updates, "actor"):
             idx = self.rng.integers(0, len(steps), self.cfg.actor_batch)
             loss = mle_update(self.policy, self.actor_opt, [steps[i] for i in idx],
-                              self.screens, self.cfg.actor_grad_clip, self.accelerator)
+                              self.screens, self.cfg.actor_grad_clip, self.accelerator,
+                              self.cfg.grad_accum)
         return round(loss, 4)
 
     # -- stages ---------------------------------------------------------------------------
@@ -528,8 +516,8 @@ class Trainer:
             idx = self.rng.integers(0, len(tasks), c.rollouts_per_iteration)
             self.fleet().policy_version = k - 1  # the weights after k - 1 iterations
             agent = self.agent()
-            episodes = self._timed("collect", lambda: self.fleet().collect(
-                agent, [tasks[i] for i in idx], self.screens,
+            episodes = self._timed("collect", lambda: self._collect(
+                f"online iteration {k}", agent, [tasks[i] for i in idx], self.screens,
                 id_prefix=f"online-s{c.seed}-it{k:04d}", source=Source.ONLINE, iteration=k,
                 seed=c.seed * 1_000_003 + 100_000 * k))
             collected = [e.trajectory for e in episodes]
@@ -555,7 +543,7 @@ class Trainer:
     def evaluate(self, stage: str) -> dict[str, Any]:
         screens = ScreenTable(self.policy.img_dim)
         report, episodes = self._timed("evaluate", lambda: evaluate(
-            self.fleet(), self.agent(screens), self._test_tasks(),
+            _StageFleet(self, f"eval:{stage}"), self.agent(screens), self._test_tasks(),
             n_tasks=self.cfg.eval_tasks, seed=10_000 + self.cfg.seed,
             id_prefix=f"eval-{stage}", screens=screens))
         if self.is_main:  # every evaluation trajectory, for replay and the report
@@ -571,7 +559,7 @@ class Trainer:
                  success_rate=round(report["success_rate"], 4),
                  ci95=[round(x, 3) for x in report["ci95"]],
                  mean_length=round(report["mean_length"], 2),
-                 failure_kinds=report["failure_kinds"])
+                 unjudged=report["unjudged"], failure_kinds=report["failure_kinds"])
         return report
 
     # -- persistence ----------------------------------------------------------------------
@@ -605,7 +593,7 @@ class Trainer:
         if final.exists():
             shutil.rmtree(final)
         os.rename(tmp, final)
-        _atomic_write_text(root / "latest", name)
+        atomic_write_text(root / "latest", name)
         for old in sorted(p for p in root.glob("iter-*") if p.name != name)[:-1]:
             shutil.rmtree(old, ignore_errors=True)  # keep the newest two
         return final
@@ -647,6 +635,12 @@ class Trainer:
         the pile (evaluated as "offline") unless ``offline=False``, then ``cfg.iterations``
         online iterations (evaluated as "online") unless ``online=False``. ``resume``
         continues the run in ``out_dir`` from its newest checkpoint."""
+        try:
+            return self._run(resume, offline, online)
+        finally:  # a stopped or crashed run still ends its workers and emulators
+            self.close()
+
+    def _run(self, resume: bool, offline: bool, online: bool) -> dict[str, Any]:
         t0 = time.perf_counter()
         c = self.cfg
         iterations = c.iterations if online else 0
@@ -686,13 +680,16 @@ class Trainer:
             "buffer": self.buffer.counts(),
             "timings_s": {k: round(v, 2) for k, v in self.timings.items()},
             "feature_cache_hit_rate": round(self.features.hit_rate, 3),
+            # per stage: unjudged steps / steps collected (the judge's reliability)
+            "unjudged_step_rate": {k: round(u / n, 4) if n else 0.0
+                                   for k, (u, n) in self.summary.get("unjudged_steps",
+                                                                     {}).items()},
         })
         self.save_checkpoint()
         if self.is_main:
-            _atomic_write_text(self.out / "summary.json", json.dumps(self.summary, indent=1,
+            atomic_write_text(self.out / "summary.json", json.dumps(self.summary, indent=1,
                                                                      default=float))
             self.plot()
-        self.close()
         return self.summary
 
     def plot(self) -> Path | None:
@@ -710,7 +707,9 @@ class Trainer:
         ax.set_xlabel("online trajectories")
         ax.set_ylabel(f"held-out success ({self.cfg.eval_tasks} test tasks)")
         ax.set_ylim(0, 1)
-        ax.set_title(f"{self.cfg.algorithm} on simulated {self.cfg.world}, seed {self.cfg.seed}")
+        where = f"simulated {self.cfg.world}" if self.cfg.env == "sim" else \
+            f"{self.cfg.world} on {self.phones.n} devices"
+        ax.set_title(f"{self.cfg.algorithm} {where}, seed {self.cfg.seed}")
         ax.grid(alpha=0.3)
         path = self.out / "learning_curve.png"
         fig.savefig(path, dpi=100, bbox_inches="tight")

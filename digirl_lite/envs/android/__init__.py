@@ -11,7 +11,8 @@ from digirl_lite._lazy import lazy_exports
 _NAMES = {
     "AndroidEnv": "env",
     "AndroidConfig": "device", "AppiumDevice": "device", "Adb": "device",
-    "DeviceUnavailable": "device", "perform": "device", "adb_input_text_args": "device",
+    "DeviceUnavailable": "device", "DeviceRefused": "device", "perform": "device",
+    "adb_input_text_args": "device",
     "EmulatorConfig": "emulator", "EmulatorManager": "emulator",
     "SdkToolMissing": "emulator", "AndroidEnvFactory": "emulator",
 }

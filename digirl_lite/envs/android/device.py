@@ -28,7 +28,7 @@ from PIL import Image
 
 from digirl_lite.actions import Gesture
 
-__all__ = ["AndroidConfig", "AppiumDevice", "Adb", "DeviceUnavailable", "perform",
+__all__ = ["AndroidConfig", "AppiumDevice", "Adb", "DeviceUnavailable", "DeviceRefused", "perform",
            "adb_input_text_args", "import_appium"]
 
 log = logging.getLogger("digirl_lite.envs.android")
@@ -185,6 +185,19 @@ def _transport_errors() -> tuple[type[BaseException], ...]:
     return tuple(errors)
 
 
+class DeviceRefused(RuntimeError):
+    """The device answered that it does not support a command (or refused its arguments)."""
+
+
+def _is_refusal(e: BaseException) -> bool:
+    """A W3C error that means "not supported / bad arguments", not a lost device."""
+    names = ("UnknownMethodException", "UnknownCommandException",
+             "InvalidArgumentException", "UnsupportedOperation", "JavascriptException")
+    msg = str(getattr(e, "msg", "") or e).lower()
+    return type(e).__name__ in names or "unknown method" in msg \
+        or "unsupported operation" in msg or "invalid argument" in msg
+
+
 class AppiumDevice:
     """An Appium session with timeouts and reconnects.
 
@@ -238,6 +251,9 @@ class AppiumDevice:
                     self.connect()
                 return fn(self.driver)
             except self._errors as e:
+                if _is_refusal(e):  # it answered: reconnecting would not change the answer
+                    raise DeviceRefused(f"{what}: {self.config.server_url} refused: "
+                                        f"{getattr(e, 'msg', None) or e}"[:500]) from e
                 last = e
                 log.warning("%s failed (%s); reconnecting (%d/%d)", what, type(e).__name__,
                             attempt + 1, self.config.connect_retries)
@@ -262,6 +278,16 @@ class AppiumDevice:
 
     def perform(self, gesture: Gesture) -> None:
         self.call(f"{gesture.kind} gesture", lambda d: perform(d, gesture, self.adb))
+
+    def execute(self, script: str, args: dict[str, Any] | None = None) -> Any:
+        """An Appium execute-script extension (``mobile: ...``, or the served simulated
+        phone's ``digirl: setTask`` / ``digirl: isSuccess`` / ``digirl: info``).
+
+        Raises:
+            DeviceUnavailable: the device did not answer (after reconnects).
+            DeviceRefused: it answered that it does not know ``script`` or refused ``args``.
+        """
+        return self.call(script, lambda d: d.execute_script(script, args or {}))
 
     def press_keys(self, keycodes: Sequence[int]) -> None:
         for code in keycodes:

@@ -15,9 +15,14 @@ from typing import Any
 
 from digirl_lite.actions import KEYCODE_HOME, parse_action, to_gesture
 from digirl_lite.data.records import Verdict
-from digirl_lite.envs.android.device import AndroidConfig, AppiumDevice, DeviceUnavailable
+from digirl_lite.envs.android.device import (
+    AndroidConfig,
+    AppiumDevice,
+    DeviceRefused,
+    DeviceUnavailable,
+)
 from digirl_lite.envs.base import TRUNCATION_BUDGET, TRUNCATION_INFRA, Observation
-from digirl_lite.judge.base import JudgeResult
+from digirl_lite.judge.base import EnvJudge, JudgeResult
 from digirl_lite.judge.guards import is_blank
 from digirl_lite.prompts import build_prompt
 
@@ -30,10 +35,14 @@ class AndroidEnv:
     Args:
         config: how to reach the device (:class:`AndroidConfig`).
         judge: gives the rewards (e.g. ``make_judge({...})``); None: every step is UNJUDGED
-            (recorded, never trained on).
+            (recorded, never trained on). An :class:`~digirl_lite.judge.EnvJudge` asks the
+            device's own success check (``digirl: isSuccess``), and the device is then told
+            each episode's task (``digirl: setTask``).
         horizon: step budget H (20 Web Shopping, 10 General).
-        reset: ``"home"`` (Darwin's minimal reset: press Home, state persists) or a callable
-            ``() -> None`` (e.g. an :class:`EmulatorManager` snapshot reset for this slot).
+        reset: ``"home"`` (Darwin's minimal reset: press Home, state persists), ``"task"``
+            (press Home, then the device's own task set-up ``digirl: setTask``, seeded with
+            the episode's seed: a served simulated phone starts the task afresh) or a
+            callable ``() -> None`` (e.g. an :class:`EmulatorManager` snapshot reset).
         device: an already-built :class:`AppiumDevice` (tests); else one is connected lazily.
         sleep: ``time.sleep`` (tests pass a no-op).
     """
@@ -43,8 +52,8 @@ class AndroidEnv:
                  sleep: Any = time.sleep) -> None:
         if horizon <= 0:
             raise ValueError(f"horizon must be positive, got {horizon}")
-        if reset != "home" and not callable(reset):
-            raise ValueError("reset must be 'home' or a callable")
+        if reset not in ("home", "task") and not callable(reset):
+            raise ValueError("reset must be 'home', 'task' or a callable")
         self.config, self.judge, self.horizon = config, judge, horizon
         self._reset, self._sleep = reset, sleep
         self.device = device
@@ -78,7 +87,6 @@ class AndroidEnv:
     def reset(self, task: Any = None, seed: int | None = None):
         """Start an episode on the home screen. A device that cannot be reached raises
         :class:`DeviceUnavailable` (a fleet records that as an infrastructure failure)."""
-        del seed  # a real phone is not seeded
         if task is None:
             raise ValueError("AndroidEnv.reset needs a task (an instruction)")
         self.task = getattr(task, "text", None) or str(task)
@@ -86,6 +94,10 @@ class AndroidEnv:
             self._reset()
             if self.device is not None:
                 self.device.quit()  # the session does not survive a snapshot load
+        elif self._reset == "task" or isinstance(self.judge, EnvJudge):
+            # the device's own task set-up (it starts on the launcher); a real phone is not
+            # seeded, a served simulated phone takes the episode's seed
+            self._device().execute("digirl: setTask", {"task": self.task, "seed": seed})
         else:
             self._device().press_keys([KEYCODE_HOME])
         self._steps, self._done, self._last_action_text = 0, False, None
@@ -127,7 +139,10 @@ class AndroidEnv:
         self._last_action_text = action_text if action.is_valid else str(action_text)[:300]
         self._obs = self._observe(img)
         t_env = time.perf_counter() - t0
-        result = self._judge(prev, self._obs)
+        try:
+            result = self._judge(prev, self._obs)
+        except DeviceUnavailable as e:  # the device's own check could not be reached
+            return self._infra(info, f"step {self._steps}: {e}")
         terminated = result.verdict is Verdict.SUCCESS or action.ends_episode
         truncated = not terminated and self._steps >= self.horizon
         if truncated:
@@ -143,6 +158,15 @@ class AndroidEnv:
         t = time.perf_counter()
         if self.judge is None:
             return JudgeResult(Verdict.UNJUDGED, skipped="no judge configured")
+        if isinstance(self.judge, EnvJudge):
+            try:
+                ok = bool(self._device().execute("digirl: isSuccess")["success"])
+            except (DeviceRefused, KeyError, TypeError) as e:
+                return JudgeResult(Verdict.UNJUDGED, latency_s=time.perf_counter() - t,
+                                   skipped=f"the device's success check failed: {e}"[:500])
+            return JudgeResult(Verdict.SUCCESS if ok else Verdict.FAILURE,
+                               reply=f"Status: {'success' if ok else 'failure'}",
+                               latency_s=time.perf_counter() - t)
         try:
             r = self.judge.judge(self.task, prev.screenshot if prev else None, cur.screenshot)
         except Exception as e:  # a judge failure must not end the run or become a 0

@@ -10,8 +10,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from PIL import Image
 
-from digirl_lite.actions import Action, format_action, parse_action, to_gesture
+from digirl_lite.actions import Action, Gesture, format_action, parse_action, to_gesture
 from digirl_lite.data.records import Verdict
 from digirl_lite.envs.base import TRUNCATION_BUDGET, TRUNCATION_INFRA, Observation
 from digirl_lite.envs.sim.render import Renderer, blank_screen, screen_key
@@ -35,6 +36,8 @@ __all__ = ["Faults", "SimPhoneEnv", "SimEnvFactory", "TASK_SETS"]
 TASK_SETS = ("webshop", "general")
 MAX_PROMPT_ACTION_CHARS = 300
 """An invalid action's raw text goes into the next prompt cut to this length."""
+BLANK_CAPTURE = "blank"
+"""The screen id of a capture that came back all white (the blank-screenshot fault)."""
 
 
 @dataclass(frozen=True)
@@ -162,13 +165,7 @@ class SimPhoneEnv:
         """Start an episode on the launcher. Returns ``(obs, info)``."""
         if self._closed:
             raise RuntimeError("this environment is closed")
-        if seed is not None:
-            self.rng = np.random.default_rng(seed)
-        if task is None:
-            task = self.tasks[int(self.rng.integers(len(self.tasks)))]
-        self.task = task if isinstance(task, Task) else parse_task(task)
-        self.horizon = self._fixed_horizon or self.task.horizon
-        self.state = initial_state(self.day)
+        self.load_task(task, seed)
         self._steps = 0
         self._done = False
         self._last_action_text: str | None = None
@@ -178,18 +175,56 @@ class SimPhoneEnv:
         return obs, {"task": self.task.text, "success": is_success(self.state, self.task),
                      "horizon": self.horizon}
 
+    def load_task(self, task: str | Task | None = None, seed: int | None = None) -> Task:
+        """Reseed (when ``seed`` is given), pick ``task`` (None: drawn from ``tasks``) and put
+        the phone on the launcher of ``day``: the phone's part of :meth:`reset`, which the
+        served phone's ``digirl: setTask`` shares (:mod:`digirl_lite.envs.sim.serve`)."""
+        if seed is not None:
+            self.rng = np.random.default_rng(seed)
+        if task is None:
+            task = self.tasks[int(self.rng.integers(len(self.tasks)))]
+        self.task = task if isinstance(task, Task) else parse_task(task)
+        self.horizon = self._fixed_horizon or self.task.horizon
+        self.state = initial_state(self.day)
+        return self.task
+
+    def apply_gesture(self, gesture: Gesture) -> list[str] | None:
+        """Do ``gesture`` on the phone with a step's random draws in their order: the crash
+        fault, the world's surprises, the latency fault (slept here).
+
+        :meth:`step` and the served phone (:mod:`digirl_lite.envs.sim.serve`) both go
+        through here, so the same seed and gestures give the same screens in both.
+
+        Returns:
+            The surprises that appeared, or None when the device crashed (state unchanged).
+        """
+        if self.faults.crash > 0 and self.rng.random() < self.faults.crash:
+            return None
+        before = self.state
+        self.state = transition(self.state, gesture, self.rng, self.surprises)
+        if self.faults.latency_median_s > 0:
+            time.sleep(math.exp(math.log(self.faults.latency_median_s)
+                                + self.faults.latency_sigma * self.rng.standard_normal()))
+        return surprises_between(before, self.state)
+
+    def capture(self) -> tuple[Image.Image, str]:
+        """One screenshot, ``(image, screen id)``: with probability ``faults.blank_screenshot``
+        (one draw) an all-white capture whose id is ``"blank"``, else the screen. Retrying is
+        the caller's: :meth:`_observe` here, the client (``AndroidEnv``) over the wire."""
+        if self.faults.blank_screenshot > 0 and self.rng.random() < self.faults.blank_screenshot:
+            return blank_screen(self.renderer.width, self.renderer.height), BLANK_CAPTURE
+        sid = screen_key(self.state)
+        return self.renderer.render(self.state, sid), sid
+
     def _observe(self) -> tuple[Observation, int]:
         """Capture the screen, retrying blank captures; returns (obs, blank captures)."""
         blanks = 0
-        while self.faults.blank_screenshot > 0 and self.rng.random() < self.faults.blank_screenshot:
+        img, sid = self.capture()
+        while sid == BLANK_CAPTURE and blanks < self.faults.blank_retries:
             blanks += 1
-            if blanks > self.faults.blank_retries:
-                break
-        if blanks > self.faults.blank_retries:
-            img, sid = blank_screen(self.renderer.width, self.renderer.height), "blank"
-        else:
-            sid = screen_key(self.state)
-            img = self.renderer.render(self.state, sid)
+            img, sid = self.capture()
+        if sid == BLANK_CAPTURE:
+            blanks += 1  # still blank after every retry
         prompt = build_prompt(self.task.text, self._last_action_text)
         obs = Observation(img, prompt, self.task.text, self._steps, sid, self.state)
         return obs, blanks
@@ -207,20 +242,15 @@ class SimPhoneEnv:
         self._steps += 1
         info: dict[str, Any] = {"step": self._steps, "action": action, "truncation": None,
                                 "reason": None, "invalid_reason": action.invalid_reason}
-        if self.faults.crash > 0 and self.rng.random() < self.faults.crash:
+        prev_obs = self._obs
+        surprises = self.apply_gesture(to_gesture(action, WIDTH, HEIGHT))
+        if surprises is None:
             self._done = True
             info.update(truncation=TRUNCATION_INFRA, verdict=None, success=False,
                         reason=f"simulated device crash at step {self._steps}: the device "
                                f"stopped answering")
             return self._obs, 0.0, False, True, info
-        gesture = to_gesture(action, WIDTH, HEIGHT)
-        prev_obs = self._obs
-        before = self.state
-        self.state = transition(self.state, gesture, self.rng, self.surprises)
-        info["surprises"] = surprises_between(before, self.state)
-        if self.faults.latency_median_s > 0:
-            time.sleep(math.exp(math.log(self.faults.latency_median_s)
-                                + self.faults.latency_sigma * self.rng.standard_normal()))
+        info["surprises"] = surprises
         if action.is_valid:
             self._last_action_text = format_action(action)
         else:
@@ -229,7 +259,7 @@ class SimPhoneEnv:
         obs, blanks = self._observe()
         info["blank_captures"] = blanks
         self._obs = obs
-        if obs.screen_id == "blank":
+        if obs.screen_id == BLANK_CAPTURE:
             self._done = True
             info.update(truncation=TRUNCATION_INFRA, verdict=None, success=False,
                         reason=f"blank screenshot at step {self._steps} after "

@@ -1,0 +1,248 @@
+"""The run's phones from its config: the simulated phone in this process, or devices over
+Appium (already-running endpoints, or emulators this run starts), with their task lists.
+
+    phones = make_phones(cfg, seed=cfg.seed)
+    fleet = make_fleet(cfg.fleet, phones.make_env, phones.n, **cfg.fleet_options)
+    ...
+    phones.close()                     # stops the emulators this run started, if any
+
+Everything a config can get wrong is a :class:`~digirl_lite.errors.ConfigError` naming the
+field (or the device's URL) before anything is collected: unknown keys, a section that is
+neither devices nor emulators, an endpoint that does not answer, a device without the
+success check that ``{"judge": "env"}`` reads.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from digirl_lite.errors import ConfigError
+
+__all__ = ["AndroidPlan", "Phones", "android_plan", "make_phones", "task_list",
+           "EndpointEnvFactory", "WORLD_HORIZON"]
+
+log = logging.getLogger("digirl_lite.envs")
+
+WORLD_HORIZON = {"webshop": 20, "general": 10}
+"""The paper's step budget H per task set."""
+_RESETS = ("home", "task", "snapshot")
+
+
+def _fields(cls) -> set[str]:
+    return {f.name for f in dataclasses.fields(cls)}
+
+
+def _checked(cls, d: Any, where: str) -> dict[str, Any]:
+    """``d`` as keyword arguments of dataclass ``cls``, or a ConfigError naming ``where``."""
+    if not isinstance(d, dict):
+        raise ConfigError(f"{where}: expected a JSON object of {cls.__name__} fields, got "
+                          f"{type(d).__name__}")
+    unknown = sorted(set(d) - _fields(cls))
+    if unknown:
+        raise ConfigError(f"{where}: unknown keys {unknown} (the fields of {cls.__name__}: "
+                          f"{sorted(_fields(cls))})")
+    try:
+        cls(**d)
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"{where}: {e}") from None
+    return dict(d)
+
+
+@dataclass
+class AndroidPlan:
+    """The parsed ``android`` section: per-device :class:`AndroidConfig` keyword arguments
+    (already-running endpoints), or an :class:`EmulatorConfig`'s (clones to start)."""
+
+    devices: list[dict[str, Any]] = field(default_factory=list)
+    emulators: dict[str, Any] | None = None
+    options: dict[str, Any] = field(default_factory=dict)
+    reset: str = "home"
+
+    @property
+    def n(self) -> int:
+        return len(self.devices) if self.emulators is None else int(self.emulators.get("n", 1))
+
+
+def android_plan(section: dict[str, Any]) -> AndroidPlan:
+    """Parse and check the ``android`` config section (no device is contacted here)."""
+    from digirl_lite.envs.android.device import AndroidConfig
+    from digirl_lite.envs.android.emulator import EmulatorConfig
+
+    if not isinstance(section, dict):
+        raise ConfigError("android: expected a JSON object")
+    allowed = {"devices", "emulators", "options", "reset"}
+    unknown = sorted(set(section) - allowed)
+    if unknown:
+        raise ConfigError(f"android: unknown keys {unknown} (one of {sorted(allowed)}: "
+                          "'devices' lists running Appium endpoints, 'emulators' starts AVD "
+                          "clones)")
+    has_dev, has_emu = "devices" in section, "emulators" in section
+    if has_dev == has_emu:
+        raise ConfigError("android: give exactly one of 'devices' (a list of running Appium "
+                          "endpoints: server_url, capabilities, ...) or 'emulators' (avd, n, "
+                          "sdk_root: the run starts them)")
+    options = _checked(AndroidConfig, section.get("options", {}), "android.options")
+    reset = section.get("reset", "snapshot" if has_emu else "home")
+    if reset not in _RESETS:
+        raise ConfigError(f"android.reset: one of {_RESETS}, got {reset!r}")
+    if has_dev:
+        devs = section["devices"]
+        if not isinstance(devs, list) or not devs:
+            raise ConfigError("android.devices: a non-empty list of endpoints")
+        if reset == "snapshot":
+            raise ConfigError("android.reset: 'snapshot' needs 'emulators' (this run must "
+                              "own the emulators it reloads)")
+        devices = []
+        for i, d in enumerate(devs):
+            if isinstance(d, str):
+                d = {"server_url": d}
+            kw = _checked(AndroidConfig, {**options, **d}, f"android.devices[{i}]")
+            if "server_url" not in d:
+                raise ConfigError(f"android.devices[{i}]: no server_url")
+            devices.append(kw)
+        return AndroidPlan(devices=devices, options=options, reset=reset)
+    emu = section["emulators"]
+    if isinstance(emu, dict) and "avd" not in emu and not set(emu) - _fields(EmulatorConfig):
+        raise ConfigError("android.emulators.avd: not set (the AVD to clone)")
+    emu = _checked(EmulatorConfig, emu, "android.emulators")
+    if reset == "task":
+        raise ConfigError("android.reset: 'task' needs devices with their own task set-up "
+                          "(served simulated phones); emulators reset by 'snapshot' or 'home'")
+    return AndroidPlan(emulators=emu, options=options, reset=reset)
+
+
+def task_list(cfg: Any, split: str) -> list[Any]:
+    """The run's train or test tasks: ``task_file`` / ``test_task_file``, else the shipped
+    list of ``world``. Parsed simulator :class:`~digirl_lite.envs.sim.Task` objects for the
+    simulated phone; plain instructions for devices (a served simulated phone parses its
+    own)."""
+    from digirl_lite.paths import data_dir
+
+    path = cfg.task_file if split == "train" else cfg.test_task_file
+    path = Path(path).expanduser() if path else data_dir() / "tasks" / f"{cfg.world}_{split}.txt"
+    if not path.is_file():
+        raise ConfigError(f"{'task_file' if split == 'train' else 'test_task_file'}: no "
+                          f"file {path}")
+    if cfg.env == "sim":
+        from digirl_lite.envs.sim.tasks import load_tasks
+
+        tasks: list[Any] = load_tasks(path)
+    else:
+        from digirl_lite.envs.sim.tasks import load_task_file
+
+        tasks = load_task_file(path)
+    if not tasks:
+        raise ConfigError(f"{path}: the task list is empty")
+    return tasks
+
+
+class EndpointEnvFactory:
+    """A picklable ``slot -> AndroidEnv`` over a list of running endpoints (device ``slot``
+    of the list), each with its own judge built from the judge config. Works in any fleet:
+    threads, worker processes, Ray actors."""
+
+    def __init__(self, devices: list[dict[str, Any]], judge: dict | None, horizon: int,
+                 reset: str = "home") -> None:
+        self.devices, self.judge, self.horizon, self.reset = devices, judge, horizon, reset
+
+    def __call__(self, slot: int = 0):
+        from digirl_lite.envs.android.device import AndroidConfig
+        from digirl_lite.envs.android.env import AndroidEnv
+        from digirl_lite.judge.factory import make_judge
+
+        return AndroidEnv(AndroidConfig(**self.devices[slot]), judge=make_judge(self.judge),
+                          horizon=self.horizon, reset=self.reset)
+
+
+@dataclass
+class Phones:
+    """What a run collects on: ``make_env`` (slot -> env, picklable), ``n`` phones, the
+    train and test task lists, and ``close`` for whatever this run started."""
+
+    make_env: Any
+    n: int
+    train_tasks: list[Any]
+    test_tasks: list[Any]
+    kind: str
+    manager: Any = None
+
+    def close(self) -> None:
+        if self.manager is not None:
+            self.manager.stop()
+            self.manager = None
+
+
+def probe_device(kw: dict[str, Any], needs_check: bool) -> None:
+    """Open a session on one endpoint, read its window size and, when the run needs the
+    device's own task set-up or success check, its ``digirl: info``; ConfigError with the URL
+    when it cannot."""
+    from digirl_lite.envs.android.device import (
+        AndroidConfig,
+        AppiumDevice,
+        DeviceRefused,
+        DeviceUnavailable,
+    )
+
+    conf = AndroidConfig(**{**kw, "connect_retries": 0})
+    url = conf.server_url
+    dev = None
+    try:
+        dev = AppiumDevice(conf, connect=False)
+        dev.window_size()
+        if needs_check:
+            dev.execute("digirl: info")
+    except DeviceRefused as e:
+        raise ConfigError(
+            f"android device {url}: it has no task set-up / success check ({e}); "
+            "{\"judge\": \"env\"} and android.reset 'task' need served simulated phones "
+            "(python -m digirl_lite.envs.sim.serve)") from None
+    except (DeviceUnavailable, Exception) as e:  # any failure to open a session
+        raise ConfigError(f"android device {url} cannot be reached: "
+                          f"{type(e).__name__}: {str(e)[:300]}") from None
+    finally:
+        if dev is not None:
+            dev.quit()
+
+
+def make_phones(cfg: Any, seed: int, probe: bool = True) -> Phones:
+    """The phones of ``cfg`` (``env``, ``android``, ``judge``, ``horizon``, task files):
+    the simulated phone's factory, or Android devices; endpoints are probed (``probe``) and
+    emulators started here, before any collection."""
+    train, test = task_list(cfg, "train"), task_list(cfg, "test")
+    horizon = cfg.horizon or WORLD_HORIZON[cfg.world]
+    if cfg.env == "sim":
+        from digirl_lite.envs.sim import SimEnvFactory
+
+        kw = {"horizon": cfg.horizon} if cfg.horizon else {}
+        make = SimEnvFactory(judge=cfg.judge, seed=seed, tasks=cfg.task_file or cfg.world, **kw)
+        return Phones(make, cfg.n_envs, train, test, "sim")
+    plan = android_plan(cfg.android)
+    needs_check = plan.reset == "task" or (cfg.judge or {}).get("judge") == "env"
+    if plan.emulators is None:
+        if probe:
+            for kw in plan.devices:
+                probe_device(kw, needs_check)
+        make = EndpointEnvFactory(plan.devices, cfg.judge, horizon, plan.reset)
+        return Phones(make, plan.n, train, test, "android")
+    from digirl_lite.envs.android.emulator import EmulatorConfig, EmulatorManager, SdkToolMissing
+
+    if plan.reset == "snapshot" and cfg.fleet in ("process", "ray"):
+        raise ConfigError(f"android.reset: 'snapshot' reloads emulators this process started, "
+                          f"which fleet={cfg.fleet!r} workers cannot reach; use fleet 'sync' or "
+                          "'async', or android.reset 'home'")
+    try:
+        manager = EmulatorManager(EmulatorConfig(**plan.emulators))
+    except SdkToolMissing as e:
+        raise ConfigError(f"android.emulators: {e}") from None
+    manager.start()
+    if plan.reset == "home":  # endpoints only: picklable for worker processes and Ray actors
+        devices = [{**dataclasses.asdict(manager.android_config(i)), **plan.options}
+                   for i in range(plan.n)]
+        make = EndpointEnvFactory(devices, cfg.judge, horizon, "home")
+    else:
+        make = manager.env_factory(cfg.judge, horizon, **plan.options)
+    return Phones(make, plan.n, train, test, "android", manager)

@@ -1,0 +1,135 @@
+"""The simulator's starting policy (the AutoUI role, a copier of people): the tiny preset,
+taught by copy drills and supervised fine-tuning on the scripted expert's demonstrations,
+cached and shipped under a key of the settings it was built with.
+
+Simulator-only: the Trainer calls :func:`starting_policy` for ``starting_policy`` "sft" or
+"shipped"; a directory (a saved policy or a real Auto-UI checkpoint) never comes here.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+__all__ = ["sft_key", "starting_policy", "train_sft", "save_starting_policy"]
+
+
+def sft_key(cfg: Any) -> str:
+    """What the SFT starting policy depends on (a cached or shipped one must match)."""
+    from digirl_lite.paths import content_key, data_dir
+    from digirl_lite.policy import SIM_PRESET, SPTokenizer
+    from digirl_lite.policy.tokenizer import SIM_TOKENIZER_FILE
+
+    c = cfg
+    vocab = SPTokenizer(data_dir() / "tokenizer" / SIM_TOKENIZER_FILE).vocab_size
+    return content_key("sft-v3", c.world, c.sft_seed, c.sft_demos, c.sft_updates,
+                       c.sft_batch, c.sft_lr, c.sft_surprise_rate, c.sft_varied_products,
+                       c.sft_copy_updates, c.sft_copy_share, SIM_PRESET, vocab)
+
+
+def save_starting_policy(policy: Any, cfg: Any, directory: str | Path) -> Path:
+    """Save ``policy`` with the SFT key and settings it was built under (``sft.json``)."""
+    from digirl_lite.paths import atomic_write_text
+
+    d = policy.save(directory)
+    atomic_write_text(d / "sft.json", json.dumps({
+        "key": sft_key(cfg), "world": cfg.world,
+        "sft_seed": cfg.sft_seed, "sft_demos": cfg.sft_demos, "sft_updates": cfg.sft_updates,
+        "sft_batch": cfg.sft_batch, "sft_lr": cfg.sft_lr,
+        "sft_surprise_rate": cfg.sft_surprise_rate,
+        "sft_varied_products": cfg.sft_varied_products,
+        "sft_copy_updates": cfg.sft_copy_updates,
+        "sft_copy_share": cfg.sft_copy_share}, indent=1))
+    return d
+
+
+def starting_policy(cfg: Any, *, features: Any, cache_dir: Path | None, device: Any,
+                    process_index: int = 0, accelerator: Any = None,
+                    log: Callable[..., None] = lambda **kw: None,
+                    bar: Callable[[int, str], Any] | None = None,
+                    is_main: bool = True) -> tuple[Any, float | None]:
+    """``cfg.starting_policy`` "shipped" (``data/policies/sft-<world>``, which must have been
+    built with this config's SFT settings) or "sft" (cached by key in ``cache_dir``, else
+    trained here). Returns (policy, seconds of SFT or None when loaded)."""
+    from digirl_lite.paths import data_dir
+    from digirl_lite.policy import AutoUIPolicy
+
+    src = cfg.starting_policy
+    key = sft_key(cfg)
+    cached = (data_dir() / "policies" / f"sft-{cfg.world}" if src == "shipped"
+              else cache_dir / f"sft-{key}" if cache_dir else None)
+    meta = cached / "sft.json" if cached is not None else None
+    if meta is not None and meta.is_file():
+        made = json.loads(meta.read_text()).get("key")
+        if made != key:
+            raise ValueError(
+                f"{cached} was built with other SFT settings (key {made}, this run {key}); "
+                "rebuild it with recipes/make_starting_policy.py or set starting_policy='sft'")
+        log(stage="sft", loaded=str(cached))
+        return AutoUIPolicy.load(cached), None
+    if src == "shipped":
+        raise FileNotFoundError(
+            f"no shipped starting policy at {cached}; build it with python "
+            f"recipes/make_starting_policy.py --world {cfg.world} (or set starting_policy='sft')")
+    t0 = time.perf_counter()
+    policy = train_sft(cfg, features, device=device, process_index=process_index,
+                       accelerator=accelerator, log=log, bar=bar)
+    seconds = time.perf_counter() - t0
+    if cached is not None and is_main:
+        save_starting_policy(policy, cfg, cached)
+    return policy, seconds
+
+
+def train_sft(cfg: Any, features: Any, *, device: Any = "cpu", process_index: int = 0,
+              accelerator: Any = None, log: Callable[..., None] = lambda **kw: None,
+              bar: Callable[[int, str], Any] | None = None):
+    """The starting policy from fresh preset weights: ``sft_copy_updates`` copy drills
+    (:func:`~digirl_lite.envs.sim.pile.copy_drills`: the copying a pre-trained T5 brings),
+    then supervised fine-tuning on the expert's demonstrations, with a share
+    ``sft_copy_share`` of drills in every batch."""
+    import contextlib
+
+    import torch
+
+    from digirl_lite.envs.sim.pile import copy_drills, generate_demos
+    from digirl_lite.policy import AutoUIPolicy
+    from digirl_lite.policy.updates import steps_to_batch, text_mle_update
+
+    c = cfg
+    demos, dscreens, _ = generate_demos(c.world, n=c.sft_demos, seed=c.sft_seed,
+                                        surprise_rate=c.sft_surprise_rate,
+                                        varied_products=c.sft_varied_products)
+    features.fill(dscreens)
+    steps = [s for t in demos for s in t.steps]
+    policy = AutoUIPolicy.sim_preset(seed=c.sft_seed).to(device)
+    opt = torch.optim.AdamW(policy.model.parameters(), lr=c.sft_lr)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda u: min(1.0, (u + 1) / 50))
+    rng = np.random.default_rng([c.sft_seed, process_index])
+    drills = copy_drills(seed=c.sft_seed * 1009 + process_index)
+    no_image = np.zeros((c.sft_batch, policy.img_dim), dtype=np.float32)
+    n_drill = int(round(c.sft_copy_share * c.sft_batch))
+    total = c.sft_copy_updates + c.sft_updates
+    with (bar(total, "sft") if bar else contextlib.nullcontext()) as b:
+        for u in range(total):
+            k = c.sft_batch if u < c.sft_copy_updates else n_drill
+            drill = [next(drills) for _ in range(k)]
+            prompts, actions = [p for p, _ in drill], [a for _, a in drill]
+            feats = no_image[:k]
+            if k < c.sft_batch:
+                batch = [steps[i] for i in rng.integers(0, len(steps), c.sft_batch - k)]
+                bp, bf, ba = steps_to_batch(batch, dscreens)
+                prompts, actions = prompts + bp, actions + ba
+                feats = np.concatenate([feats, np.asarray(bf, dtype=np.float32)])
+            loss = text_mle_update(policy, opt, prompts, feats, actions, 1.0, accelerator)
+            sched.step()
+            if b is not None:
+                b.update()
+            if u % 100 == 0 or u == total - 1:
+                log(stage="sft", update=u, loss=round(loss, 4),
+                    phase="copy" if u < c.sft_copy_updates else "demos")
+    return policy

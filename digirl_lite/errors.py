@@ -1,0 +1,10 @@
+"""Errors every layer may raise (kept here, at the bottom, so no layer imports upwards)."""
+
+from __future__ import annotations
+
+__all__ = ["ConfigError"]
+
+
+class ConfigError(ValueError):
+    """A configuration that cannot run (missing paths, bad values, a judge without its key,
+    an unreachable device), raised before any work with the field or address named."""

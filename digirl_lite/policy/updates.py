@@ -1,0 +1,62 @@
+"""Eq. 4.2: maximum-likelihood updates of the policy on chosen steps (the actor's update in
+both the SFT of a starting policy and DigiRL's filtered imitation)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import torch
+
+if TYPE_CHECKING:  # pragma: no cover
+    from digirl_lite.data.records import ScreenTable, Step
+
+__all__ = ["steps_to_batch", "mle_update", "text_mle_update"]
+
+
+def steps_to_batch(steps: Sequence[Step], screens: ScreenTable):
+    """Prompts, (B, d) features of the screen each action was taken on, action strings."""
+    return ([s.prompt for s in steps], screens.features([s.screen_id for s in steps]),
+            [s.action_text for s in steps])
+
+
+def mle_update(policy, opt, steps: Sequence[Step], screens: ScreenTable,
+               grad_clip: float | None, accelerator=None, accum: int = 1) -> float:
+    """Eq. 4.2: one maximum-likelihood update on ``steps`` (mean over steps); returns the loss.
+
+    With an Accelerate ``accelerator``: its backward (mixed precision), and under
+    ``accelerate launch`` with several processes the gradients are averaged across them
+    before clipping (each process brings its own steps: data parallel). ``accum``: the steps
+    are split into this many minibatches whose gradients add up to the one update (the
+    released code's gradient accumulation: the same update in less memory).
+    """
+    return text_mle_update(policy, opt, *steps_to_batch(steps, screens), grad_clip,
+                           accelerator, accum)
+
+
+def text_mle_update(policy, opt, prompts: Sequence[str], feats, actions: Sequence[str],
+                    grad_clip: float | None, accelerator=None, accum: int = 1) -> float:
+    """:func:`mle_update` on prompts, image features and target strings directly."""
+    policy.model.train()
+    opt.zero_grad()
+    n = len(prompts)
+    bounds = [round(i * n / accum) for i in range(accum + 1)] if accum > 1 else [0, n]
+    total = 0.0
+    for a, b in zip(bounds, bounds[1:]):
+        if b <= a:
+            continue
+        lp = policy.log_prob(list(prompts[a:b]), feats[a:b], list(actions[a:b]))
+        loss = -lp.mean() if b - a == n else -lp.sum() / n
+        if accelerator is None:
+            loss.backward()
+        else:
+            accelerator.backward(loss)
+        total += float(loss.detach())
+    if accelerator is not None and accelerator.num_processes > 1:
+        for p in policy.model.parameters():
+            if p.grad is not None:
+                p.grad = accelerator.reduce(p.grad, reduction="mean")
+    if grad_clip:
+        torch.nn.utils.clip_grad_norm_(policy.model.parameters(), grad_clip)
+    opt.step()
+    return total
