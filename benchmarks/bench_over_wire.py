@@ -9,6 +9,7 @@ WebDriver/Appium protocol (``python -m digirl_lite.envs.sim.serve``), drives the
 (``{"judge": "env"}``). Only ``env``, ``android`` and ``judge`` differ.
 
     python benchmarks/bench_over_wire.py --out runs/wire_bench           # both, ~1 h on 2 CPUs
+    python benchmarks/bench_over_wire.py --out runs/wire_bench --parallel  # side by side
     python benchmarks/bench_over_wire.py --out runs/wire_bench --only wire
     python benchmarks/bench_over_wire.py --out runs/wire_bench --table-only
 
@@ -30,7 +31,8 @@ ROOT = Path(__file__).resolve().parents[1]
 STAGES = ("copier", "offline", "online")
 
 
-def run(kind: str, out: Path, seed: int, phones: int, extra: list[str]) -> None:
+def start(kind: str, out: Path, seed: int, phones: int, extra: list[str],
+          threads: int | None) -> tuple[subprocess.Popen, list]:
     cmd = [sys.executable, str(ROOT / "recipes" / "offline_to_online.py"), "--seed", str(seed),
            "--out", str(out / kind), "--cache-dir", "", "--quiet", *extra]
     procs = []
@@ -45,12 +47,18 @@ def run(kind: str, out: Path, seed: int, phones: int, extra: list[str]) -> None:
         cfg_path.write_text(json.dumps(cfg, indent=1))
         cmd += ["--config", str(cfg_path)]
     (out / kind).mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    if threads:
+        env["OMP_NUM_THREADS"] = str(threads)
+    log = open(out / f"{kind}.log", "w")
+    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env), procs
+
+
+def finish(kind: str, out: Path, proc: subprocess.Popen, phones: list) -> None:
     try:
-        with open(out / f"{kind}.log", "w") as log:
-            rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT,
-                                env={**os.environ, "PYTHONPATH": str(ROOT)}).returncode
+        rc = proc.wait()
     finally:
-        for p in procs:
+        for p in phones:
             p.close()
     if rc != 0:
         raise SystemExit(f"the {kind} run failed (exit {rc}); see {out}/{kind}.log")
@@ -101,6 +109,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--phones", type=int, default=16)
     ap.add_argument("--only", choices=["sim", "wire"], default=None)
     ap.add_argument("--table-only", action="store_true")
+    ap.add_argument("--parallel", action="store_true",
+                    help="both runs at once, one CPU thread each (2-core machines)")
     ap.add_argument("--set", nargs="*", default=[], help="passed to the recipe (both runs)")
     a = ap.parse_args(argv)
     out = Path(a.out)
@@ -108,11 +118,17 @@ def main(argv: list[str] | None = None) -> None:
     kinds = [a.only] if a.only else ["sim", "wire"]
     extra = ["--set", *a.set] if a.set else []
     if not a.table_only:
-        for kind in kinds:
-            run(kind, out, a.seed, a.phones, extra)
+        if a.parallel:
+            started = [(k, *start(k, out, a.seed, a.phones, extra, 1)) for k in kinds]
+            for k, proc, phones in started:
+                finish(k, out, proc, phones)
+        else:
+            for k in kinds:
+                finish(k, out, *start(k, out, a.seed, a.phones, extra, None))
     result = table(out, ["sim", "wire"])
     res = ROOT / "benchmarks" / "results" / "bench_over_wire.json"
-    res.write_text(json.dumps({"seed": a.seed, "phones": a.phones, "set": a.set, **result},
+    res.write_text(json.dumps({"seed": a.seed, "phones": a.phones, "set": a.set,
+                               "parallel": a.parallel, **result},
                               indent=1, default=float))
     print(f"wrote {res}")
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import torch
 from transformers import T5Config
@@ -199,3 +200,35 @@ def test_from_pretrained_reads_an_auto_ui_layout_and_lists_bad_keys(tmp_path):
     assert loose.load_report["unexpected"] == ["stray.weight"]
     with pytest.raises(FileNotFoundError, match="config.json"):
         AutoUIPolicy.from_pretrained(tmp_path / "nothing")
+
+
+def test_a_checkpoint_with_its_own_output_head_keeps_both_matrices(tmp_path):
+    """FLAN-T5 (hence Auto-UI-base) has an lm_head apart from the embeddings; transformers 5
+    ties T5's head on load whatever the config says, which would overwrite one with the
+    other. Both survive from_pretrained, and a save/load round trip."""
+    from safetensors.torch import save_file
+    from transformers import T5Tokenizer
+
+    cfg = T5Config(vocab_size=SPTokenizer(TOK).vocab_size, d_model=32, d_kv=8, d_ff=64,
+                   num_layers=1, num_decoder_layers=1, num_heads=2, decoder_start_token_id=0)
+    cfg.img_dim = 24
+    m = AutoUIModel(cfg)
+    state = {k: v.clone() for k, v in m.state_dict().items()}
+    torch.manual_seed(1)
+    state["lm_head.weight"] = torch.randn_like(state["shared.weight"])
+    ckpt = tmp_path / "flan-like"
+    m.save_pretrained(str(ckpt))
+    for f in ckpt.glob("*.safetensors"):
+        f.unlink()
+    save_file({k: v.contiguous() for k, v in state.items()}, str(ckpt / "model.safetensors"))
+    T5Tokenizer(vocab_file=str(TOK), extra_ids=0).save_pretrained(str(ckpt))
+    p = AutoUIPolicy.from_pretrained(ckpt)
+    assert torch.equal(p.model.shared.weight, state["shared.weight"])
+    assert torch.equal(p.model.encoder.embed_tokens.weight, state["shared.weight"])
+    assert torch.equal(p.model.lm_head.weight, state["lm_head.weight"])
+    q = AutoUIPolicy.load(p.save(tmp_path / "saved"))
+    assert torch.equal(q.model.shared.weight, state["shared.weight"])
+    assert torch.equal(q.model.lm_head.weight, state["lm_head.weight"])
+    feats = np.zeros((1, 24), np.float32)
+    prompt, act = ["Previous Actions: None Goal: Go to ebay.com</s>"], ["PRESS_HOME"]
+    assert torch.allclose(p.log_prob(prompt, feats, act), q.log_prob(prompt, feats, act))

@@ -163,10 +163,18 @@ class AutoUIPolicy:
         finally:
             if was:
                 hf_logging.enable_progress_bar()
+        untied = _has_own_head(self.model)
+        if untied:  # transformers 5 ties T5's head on load: keep both matrices apart
+            from safetensors.torch import save_file
+
+            save_file({"shared.weight": self.model.shared.weight.detach().contiguous(),
+                       "lm_head.weight": self.model.lm_head.weight.detach().contiguous()},
+                      str(d / _UNTIED_FILE))
         self.tokenizer.save(d)
         kind = "sentencepiece" if isinstance(self.tokenizer, SPTokenizer) else "hf"
         (d / _POLICY_FILE).write_text(json.dumps({
-            "tokenizer": kind, "max_prompt_tokens": self.max_prompt_tokens}))
+            "tokenizer": kind, "max_prompt_tokens": self.max_prompt_tokens,
+            "untied_lm_head": untied}))
         return d
 
     @classmethod
@@ -187,6 +195,13 @@ class AutoUIPolicy:
         finally:
             if was:
                 hf_logging.enable_progress_bar()
+        if meta.get("untied_lm_head"):
+            from safetensors.torch import load_file
+
+            both = load_file(str(d / _UNTIED_FILE))
+            with torch.no_grad():
+                model.shared.weight.copy_(both["shared.weight"])
+            _untie_head(model, both["lm_head.weight"])
         model.eval()
         if meta["tokenizer"] == "sentencepiece":
             tok = SPTokenizer(d / SIM_TOKENIZER_FILE)
@@ -228,8 +243,15 @@ class AutoUIPolicy:
                 f"{d} does not match the Auto-UI layout: missing {len(missing)} "
                 f"{missing[:8]}{' ...' if len(missing) > 8 else ''}; unexpected "
                 f"{len(unexpected)} {unexpected[:8]}{' ...' if len(unexpected) > 8 else ''}")
-        model.load_state_dict({k: v for k, v in state.items() if k in own}, strict=False)
+        head = state.get("lm_head.weight")
+        model.load_state_dict({k: v for k, v in state.items()
+                               if k in own and k != "lm_head.weight"}, strict=False)
         model.tie_weights()
+        if head is not None and not torch.equal(head, state.get("shared.weight", head)):
+            # a checkpoint with its own output head (FLAN-T5, hence Auto-UI-base): transformers
+            # 5 ties T5's head to the embeddings whatever the config says, which would
+            # overwrite one matrix with the other
+            _untie_head(model, head)
         model.eval()
         policy = cls(model, HFTokenizer(AutoTokenizer.from_pretrained(str(d))), device=device)
         policy.load_report = report
@@ -251,6 +273,18 @@ class AutoUIPolicy:
         config.img_dim, config.img_scale = img_dim, img_scale
         torch.manual_seed(seed)
         return cls(AutoUIModel(config), tok)
+
+
+_UNTIED_FILE = "untied_lm_head.safetensors"
+
+
+def _has_own_head(model: AutoUIModel) -> bool:
+    return model.lm_head.weight.data_ptr() != model.shared.weight.data_ptr()
+
+
+def _untie_head(model: AutoUIModel, head: torch.Tensor) -> None:
+    """Give the model an output head of its own, equal to ``head``."""
+    model.lm_head.weight = torch.nn.Parameter(head.detach().clone().to(model.shared.weight))
 
 
 def _read_state_dict(d: Path) -> dict[str, torch.Tensor]:
