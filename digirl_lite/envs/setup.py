@@ -180,12 +180,7 @@ def probe_device(kw: dict[str, Any], needs_check: bool) -> None:
     """Open a session on one endpoint, read its window size and, when the run needs the
     device's own task set-up or success check, its ``digirl: info``; ConfigError with the URL
     when it cannot."""
-    from digirl_lite.envs.android.device import (
-        AndroidConfig,
-        AppiumDevice,
-        DeviceRefused,
-        DeviceUnavailable,
-    )
+    from digirl_lite.envs.android.device import AndroidConfig, AppiumDevice, DeviceRefused
 
     conf = AndroidConfig(**{**kw, "connect_retries": 0})
     url = conf.server_url
@@ -200,7 +195,7 @@ def probe_device(kw: dict[str, Any], needs_check: bool) -> None:
             f"android device {url}: it has no task set-up / success check ({e}); "
             "{\"judge\": \"env\"} and android.reset 'task' need served simulated phones "
             "(python -m digirl_lite.envs.sim.serve)") from None
-    except (DeviceUnavailable, Exception) as e:  # any failure to open a session
+    except Exception as e:  # DeviceUnavailable, or any failure to open a session
         raise ConfigError(f"android device {url} cannot be reached: "
                           f"{type(e).__name__}: {str(e)[:300]}") from None
     finally:

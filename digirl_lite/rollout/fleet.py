@@ -27,7 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from digirl_lite.data.records import Ending, ScreenTable, Source, Trajectory
+from digirl_lite.data.records import Ending, ScreenTable, Source, Trajectory, Verdict
 from digirl_lite.envs.base import Observation
 from digirl_lite.rollout.devices import DeviceError, LocalDevice, ProcessDevice
 from digirl_lite.rollout.episode import RECORD_SIZE, EpisodeRecorder
@@ -195,7 +195,7 @@ class _FaultKeeper:
         verdict = info.get("verdict")
         if verdict is None:  # an infrastructure step: no verdict either way
             return
-        if str(getattr(verdict, "value", verdict)) != "unjudged":
+        if Verdict(verdict) is not Verdict.UNJUDGED:
             self.unjudged_in_a_row = 0
             return
         self.unjudged_in_a_row += 1
