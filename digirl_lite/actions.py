@@ -80,9 +80,6 @@ class ActionType(str, Enum):
     """Not part of the AutoUI format: a string that failed to parse (see module docstring)."""
 
 
-VALID_TYPES = tuple(t for t in ActionType if t is not ActionType.INVALID)
-
-
 class ActionParseError(ValueError):
     """Raised by ``parse_action(text, strict=True)`` and by ``Action`` validation."""
 

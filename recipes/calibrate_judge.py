@@ -15,7 +15,8 @@ from pathlib import Path
 
 from digirl_lite.data import Verdict
 from digirl_lite.envs.sim import Copier, SimPhoneEnv
-from digirl_lite.judge import GuardedJudge, NoisyOracleJudge, calibrate
+from digirl_lite.envs.sim.oracle import NoisyOracleJudge
+from digirl_lite.judge import GuardedJudge, calibrate
 
 
 def main(argv: list[str] | None = None) -> dict:

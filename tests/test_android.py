@@ -261,6 +261,88 @@ def test_emulator_manager_clones_resets_and_stops_only_its_own(tmp_path):
         bystander.wait()
 
 
+# The emulator binary is a launcher: it starts qemu and may die before it. The stand-in spawns
+# a grandchild (``sleep``, ignoring SIGTERM with -stubborn), writes its pid to -pidfile, then
+# sleeps, or exits once the -crash file appears (leaving the grandchild behind).
+EMULATOR_TREE = """
+import os, subprocess, sys, time
+args = sys.argv[1:]
+cmd = "trap '' TERM; exec sleep 600" if "-stubborn" in args else "exec sleep 600"
+child = subprocess.Popen(["sh", "-c", cmd])
+pidfile = args[args.index("-pidfile") + 1]
+with open(pidfile + ".tmp", "w") as f:
+    f.write(str(child.pid))
+os.replace(pidfile + ".tmp", pidfile)
+if "-crash" in args:
+    flag = args[args.index("-crash") + 1]
+    while not os.path.exists(flag):
+        time.sleep(0.05)
+    sys.exit(3)
+time.sleep(600)
+"""
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie, dead and waiting for its new parent, does not)."""
+    if Path("/proc").is_dir():
+        try:
+            return (Path("/proc") / str(pid) / "stat").read_text().rpartition(")")[2].split()[0] \
+                != "Z"
+        except FileNotFoundError:
+            return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def _wait_for(cond, what: str, timeout_s: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("mode", ["plain", "stubborn", "crashed"])
+def test_stopping_an_emulator_ends_the_process_group_it_started(tmp_path, mode):
+    sdk, appium, _ = _fake_sdk(tmp_path)
+    (sdk / "emulator" / "emulator").write_text(f"#!{sys.executable}\n{EMULATOR_TREE}")
+    pidfile, crash = tmp_path / "grandchild.pid", tmp_path / "crash-now"
+    extra = {"plain": [], "stubborn": ["-stubborn"], "crashed": ["-crash", str(crash)]}[mode]
+    cfg = EmulatorConfig(avd="pixel", sdk_root=str(sdk), appium=[str(appium)],
+                         appium_base_port=_free_port(), boot_timeout_s=30, stop_timeout_s=1.0,
+                         emulator_args=["-pidfile", str(pidfile), *extra])
+    bystander = subprocess.Popen(["sleep", "60"], start_new_session=True)  # a group not ours
+    m = EmulatorManager(cfg)
+    try:
+        m.start()  # the manager's own code path: Popen in a new session, group recorded
+        _wait_for(pidfile.exists, "the grandchild")
+        grandchild = int(pidfile.read_text())
+        leader = m.emulators[0]
+        assert m.groups[leader.pid] == leader.pid == os.getpgid(grandchild) != os.getpgid(0)
+        if mode == "crashed":
+            crash.touch()
+            _wait_for(lambda: os.waitid(os.P_PID, leader.pid,
+                                        os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None,
+                      "the launcher to exit")
+            assert _alive(grandchild)  # the launcher is gone, its qemu is not
+    finally:
+        t0 = time.monotonic()
+        m.stop()
+        took = time.monotonic() - t0
+    try:
+        _wait_for(lambda: not _alive(grandchild), "the grandchild to die", timeout_s=5.0)
+        assert not m.groups and not m.emulators and not m.servers
+        assert leader.returncode is not None  # reaped, last
+        if mode == "stubborn":  # SIGTERM ignored: SIGKILL after stop_timeout_s
+            assert took >= 1.0
+        assert bystander.poll() is None  # another group is never touched
+    finally:
+        bystander.kill()
+        bystander.wait()
+
+
 # -- a real Appium server with the fake driver ----------------------------------------------
 NODE = ROOT / ".ci" / "node"
 APPIUM = NODE / "node_modules" / ".bin" / "appium"

@@ -13,7 +13,7 @@ from PIL import Image
 
 from digirl_lite.data import ReplayBuffer, Verdict, save_trajectories
 from digirl_lite.envs.sim import SimPhoneEnv, Surprises
-from digirl_lite.envs.sim.pile import generate_pile
+from digirl_lite.envs.sim.oracle import NoisyOracleJudge, OracleJudge
 from digirl_lite.envs.sim.world import Page, PhoneState
 from digirl_lite.judge import (
     MSE_THRESHOLD,
@@ -22,8 +22,6 @@ from digirl_lite.judge import (
     FewShotSet,
     GuardedJudge,
     JudgeResult,
-    NoisyOracleJudge,
-    OracleJudge,
     PaperJudge,
     calibrate,
     is_blank,
@@ -33,6 +31,7 @@ from digirl_lite.judge import (
 )
 from digirl_lite.paths import data_dir
 from digirl_lite.rollout import run_episode
+from digirl_lite.rollout.pile import generate_pile
 
 W, H = 1080, 2280
 TASK = "Go to costco.com"
@@ -376,7 +375,8 @@ def test_calibrate_cli_with_stored_verdicts(tmp_path, capsys):
 
 
 def test_make_judge_from_config(monkeypatch):
-    from digirl_lite.judge import GeminiBackend, OpenAIBackend, make_judge
+    from digirl_lite.envs.judges import make_judge
+    from digirl_lite.judge import GeminiBackend, OpenAIBackend
 
     assert isinstance(make_judge(), OracleJudge)
     assert make_judge({"judge": "oracle"}) is not make_judge({"judge": "oracle"})

@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 
 from digirl_lite.data.records import Verdict
+from digirl_lite.envs.judges import check_judge, make_judge
 from digirl_lite.envs.setup import android_plan, make_phones
 from digirl_lite.errors import ConfigError
-from digirl_lite.judge import GeminiBackend, PaperJudge, check_judge, make_judge
+from digirl_lite.judge import GeminiBackend, PaperJudge
 from digirl_lite.train.config import DigiRLConfig, load_config, sim_quick, sim_webshop
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

@@ -8,7 +8,8 @@ import pytest
 
 from digirl_lite.data import Ending, ScreenTable
 from digirl_lite.envs.sim import Copier, ScriptedExpert, SimEnvFactory, SimPhoneEnv, Surprises
-from digirl_lite.judge import JudgeResult, OracleJudge
+from digirl_lite.envs.sim.oracle import OracleJudge
+from digirl_lite.judge import JudgeResult
 from digirl_lite.rollout import RECORD_SIZE
 from digirl_lite.rollout.fleet import LocalFleet, ProcessFleet, ScriptedBatchAgent
 from digirl_lite.train.evaluate import FAILURE_KINDS, evaluate, failure_kind, summarize

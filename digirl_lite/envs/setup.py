@@ -152,7 +152,7 @@ class EndpointEnvFactory:
     def __call__(self, slot: int = 0):
         from digirl_lite.envs.android.device import AndroidConfig
         from digirl_lite.envs.android.env import AndroidEnv
-        from digirl_lite.judge.factory import make_judge
+        from digirl_lite.envs.judges import make_judge
 
         return AndroidEnv(AndroidConfig(**self.devices[slot]), judge=make_judge(self.judge),
                           horizon=self.horizon, reset=self.reset)

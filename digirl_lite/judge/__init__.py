@@ -1,5 +1,10 @@
-"""Judges: the interface, the paper's VLM evaluator and its backends, the simulator's oracle
-(exact and noisy), the guards, and calibration against labels.
+"""Judges: the interface, the paper's VLM evaluator and its backends, the guards, and
+calibration against labels.
+
+The simulator's oracles (exact, the environment's own check, noisy) live with the simulator
+(:mod:`digirl_lite.envs.sim.oracle`), and the factory that builds any judge from a config,
+:func:`~digirl_lite.envs.judges.make_judge` / ``check_judge``, in :mod:`digirl_lite.envs`:
+this package imports no environment.
 
 Backends import their clients (``google-genai``, ``openai``: the ``judge`` extra) only when
 used.
@@ -12,9 +17,8 @@ from digirl_lite.judge.backends import (
     GeminiBackend,
     OpenAIBackend,
 )
-from digirl_lite.judge.base import EnvJudge, Judge, JudgeResult, NoisyOracleJudge, OracleJudge
+from digirl_lite.judge.base import Judge, JudgeResult
 from digirl_lite.judge.calibration import calibrate, wilson_interval
-from digirl_lite.judge.factory import check_judge, make_judge
 from digirl_lite.judge.guards import (
     MSE_THRESHOLD,
     GuardedJudge,
@@ -27,8 +31,7 @@ from digirl_lite.judge.paper import FewShotExample, FewShotSet, PaperJudge, pars
 
 __all__ = [
     "Backend", "BackendError", "BackendReply", "GeminiBackend", "OpenAIBackend",
-    "EnvJudge", "Judge", "JudgeResult", "NoisyOracleJudge", "OracleJudge",
-    "calibrate", "wilson_interval", "check_judge", "make_judge",
+    "Judge", "JudgeResult", "calibrate", "wilson_interval",
     "MSE_THRESHOLD", "GuardedJudge", "ScreenGuards", "is_blank", "screen_mse", "shrink",
     "FewShotExample", "FewShotSet", "PaperJudge", "parse_status",
 ]

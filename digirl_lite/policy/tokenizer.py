@@ -139,9 +139,9 @@ class HFTokenizer:
 def sim_corpus(seed: int = 0, n_demos: int = 300) -> list[str]:
     """Text the simulator's policy reads and writes: train instructions, prompts and the
     expert's action strings (clean demonstrations on both task sets)."""
-    from digirl_lite.envs.sim.pile import generate_demos
     from digirl_lite.envs.sim.tasks import load_task_file
     from digirl_lite.paths import data_dir
+    from digirl_lite.rollout.pile import generate_demos
 
     lines: list[str] = []
     for world in ("webshop", "general"):

@@ -13,7 +13,7 @@ from digirl_lite.rollout.episode import RECORD_SIZE, Agent, run_episode
 
 _NAMES = {
     "SyncFleet": "fleet", "LocalFleet": "fleet", "ProcessFleet": "fleet",
-    "make_fleet": "fleet", "FLEETS": "fleet", "Episode": "fleet", "FleetStats": "fleet",
+    "make_fleet": "factory", "FLEETS": "factory", "Episode": "fleet", "FleetStats": "fleet",
     "BatchAgent": "fleet", "ScriptedBatchAgent": "fleet", "JudgeUnavailable": "fleet",
     "AsyncFleet": "async_fleet", "RayFleet": "ray_fleet",
     "DeviceError": "devices", "training_trajectories": "faults",

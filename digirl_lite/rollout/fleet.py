@@ -7,7 +7,7 @@ in this process, ``"process"`` gives each its own worker process (:mod:`.devices
 :class:`LocalFleet` and :class:`ProcessFleet` are those two, under their earlier names.
 The asynchronous fleet (:class:`~digirl_lite.rollout.async_fleet.AsyncFleet`) and the Ray
 fleet share the recording and fault handling defined here; :func:`make_fleet` builds any
-of them by name.
+of them by name (:mod:`.factory`, which sits above every fleet).
 
 Faults: a device error (dead worker, hung call, environment that raises) ends the episode as
 an infrastructure truncation and restarts the device; a device whose episodes end in
@@ -33,12 +33,9 @@ from digirl_lite.rollout.devices import DeviceError, LocalDevice, ProcessDevice
 from digirl_lite.rollout.episode import RECORD_SIZE, EpisodeRecorder
 
 __all__ = ["BatchAgent", "ScriptedBatchAgent", "Episode", "FleetStats", "SyncFleet",
-           "LocalFleet", "ProcessFleet", "make_fleet", "FLEETS", "JudgeUnavailable"]
+           "LocalFleet", "ProcessFleet", "JudgeUnavailable"]
 
 log = logging.getLogger("digirl_lite.rollout")
-
-FLEETS = ("sync", "local", "process", "async", "ray")
-"""Names :func:`make_fleet` accepts ("local" and "process" are the sync fleet's backends)."""
 
 
 class BatchAgent(Protocol):
@@ -454,25 +451,3 @@ class ProcessFleet(SyncFleet):
     @property
     def restarts(self) -> int:
         return self.stats.worker_restarts
-
-
-def make_fleet(name: str, make_env: Callable[[int], Any], n_envs: int = 16,
-               **options: Any) -> Any:
-    """Build a fleet by name: ``"sync"`` / ``"local"`` (lockstep, in this process),
-    ``"process"`` (lockstep, a worker process per phone), ``"async"`` (per-phone workers,
-    inference on whatever is ready; ``backend="local"`` or ``"process"``), ``"ray"``
-    (asynchronous, phones in Ray actors; needs the ``ray`` extra). ``options`` go to the
-    fleet's constructor."""
-    if name in ("sync", "local"):
-        return SyncFleet(make_env, n_envs, **{"backend": "local", **options})
-    if name == "process":
-        return SyncFleet(make_env, n_envs, **{**options, "backend": "process"})
-    if name == "async":
-        from digirl_lite.rollout.async_fleet import AsyncFleet
-
-        return AsyncFleet(make_env, n_envs, **options)
-    if name == "ray":
-        from digirl_lite.rollout.ray_fleet import RayFleet
-
-        return RayFleet(make_env, n_envs, **options)
-    raise ValueError(f"unknown fleet {name!r}; choose one of {FLEETS}")

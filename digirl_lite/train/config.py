@@ -31,7 +31,7 @@ class DigiRLConfig:
     algorithm: str = "digirl"
     """"digirl" (Eq. 4.3 + 4.4 filters) or "filtered_bc" (successes only, every step)."""
     judge: dict[str, Any] = field(default_factory=lambda: {"judge": "oracle"})
-    """Judge config (digirl_lite.judge.make_judge); default: the simulator's oracle."""
+    """Judge config (digirl_lite.envs.judges.make_judge); default: the simulator's oracle."""
     n_envs: int = 16
     """Phones in the fleet (one batched policy call per step)."""
     fleet: str = "local"
@@ -111,7 +111,7 @@ class DigiRLConfig:
     has almost nothing to find. Evaluation and practice use the full rates."""
     sft_copy_updates: int = 1500
     """Copy drills before SFT (this project; batch ``sft_batch``): prompts that ask to search
-    for a made-up product, target the product (:func:`digirl_lite.envs.sim.pile.copy_drills`).
+    for a made-up product, target the product (:func:`digirl_lite.rollout.pile.copy_drills`).
     They stand in for the pre-training a real Auto-UI brings: without them the tiny
     from-scratch T5 never learned to copy a product from its goal and mistyped every unseen
     product (held-out searches 0/64, whatever the tokenizer). 0: none."""
@@ -185,7 +185,7 @@ class DigiRLConfig:
             raise ValueError(f"step_filter must be one of {STEP_FILTERS}")
         if self.critic_loss not in ("ce", "mse"):
             raise ValueError("critic_loss must be 'ce' or 'mse'")
-        from digirl_lite.rollout.fleet import FLEETS
+        from digirl_lite.rollout.factory import FLEETS
 
         if self.fleet not in FLEETS:
             raise ValueError(f"fleet must be one of {FLEETS}, got {self.fleet!r}")
@@ -212,7 +212,7 @@ class DigiRLConfig:
         its key or extra, an Android section that does not parse), before anything is built
         or collected. Devices are reached later, still before any collection
         (:func:`digirl_lite.envs.setup.make_phones`)."""
-        from digirl_lite.judge.factory import check_judge
+        from digirl_lite.envs.judges import check_judge
 
         missing: list[str] = []
 

@@ -295,18 +295,18 @@ class Trainer:
     # -- the starting policy (AutoUI role) ---------------------------------------------------
     def sft_key(self) -> str:
         """What the simulator's SFT starting policy depends on (a cached or shipped one
-        must match); see :mod:`digirl_lite.envs.sim.starting`."""
-        from digirl_lite.envs.sim.starting import sft_key
+        must match); see :mod:`digirl_lite.train.starting`."""
+        from digirl_lite.train.starting import sft_key
 
         return sft_key(self.cfg)
 
     def build_starting_policy(self) -> None:
         """The starting policy: ``cfg.starting_policy`` "sft" / "shipped" (the simulator's,
-        :func:`digirl_lite.envs.sim.starting.starting_policy`), or the directory loaded when
+        :func:`digirl_lite.train.starting.starting_policy`), or the directory loaded when
         the Trainer was built."""
         c = self.cfg
         if c.starting_policy in ("sft", "shipped"):
-            from digirl_lite.envs.sim.starting import starting_policy
+            from digirl_lite.train.starting import starting_policy
 
             self.policy, seconds = starting_policy(
                 c, features=self.features, cache_dir=self.cache_dir,
@@ -322,14 +322,14 @@ class Trainer:
 
     def save_starting_policy(self, directory: str | Path) -> Path:
         """Save the policy with the SFT key it was built under (``sft.json``)."""
-        from digirl_lite.envs.sim.starting import save_starting_policy
+        from digirl_lite.train.starting import save_starting_policy
 
         return save_starting_policy(self.policy, self.cfg, directory)
 
     def train_sft(self):
         """The simulator's SFT starting policy from fresh preset weights
-        (:func:`digirl_lite.envs.sim.starting.train_sft`)."""
-        from digirl_lite.envs.sim.starting import train_sft
+        (:func:`digirl_lite.train.starting.train_sft`)."""
+        from digirl_lite.train.starting import train_sft
 
         t0 = time.perf_counter()
         policy = train_sft(self.cfg, self.features, device=self.accelerator.device,

@@ -88,7 +88,7 @@ def replay_states(trajectory: Trajectory, **env_kwargs: Any) -> list[Any]:
 
 
 def _needs_state(judge: Any) -> bool:
-    from digirl_lite.judge.base import NoisyOracleJudge, OracleJudge
+    from digirl_lite.envs.sim.oracle import NoisyOracleJudge, OracleJudge
 
     inner = getattr(judge, "inner", judge)  # a GuardedJudge wraps the judge it guards
     return isinstance(inner, (OracleJudge, NoisyOracleJudge))
@@ -101,7 +101,7 @@ def regrade(trajectories: Sequence[Trajectory], screens: ScreenTable, judge: Jud
     Args:
         trajectories: stored trajectories.
         screens: their screens (with images).
-        judge: a judge, or a config for :func:`digirl_lite.judge.make_judge`.
+        judge: a judge, or a config for :func:`digirl_lite.envs.judges.make_judge`.
         replay: replay the simulator to give the judge its state (default: when the judge
             is an oracle, which needs it).
         **env_kwargs: environment settings for the replay (see :func:`replay_states`).
@@ -110,8 +110,8 @@ def regrade(trajectories: Sequence[Trajectory], screens: ScreenTable, judge: Jud
         One :class:`JudgeResult` per step, by trajectory id. A judge that raises gives an
         UNJUDGED result that carries the error, as the environments do.
     """
+    from digirl_lite.envs.judges import make_judge
     from digirl_lite.judge.base import JudgeResult
-    from digirl_lite.judge.factory import make_judge
 
     if isinstance(judge, dict):
         judge = make_judge(judge)

@@ -3,7 +3,10 @@
 The reference code re-copied an AVD for every reset (minutes) and killed processes by user
 name. Here N read-only clones of one AVD run on distinct ports, a reset loads a snapshot
 (seconds), a hard reset (every ``hard_reset_every`` episodes) cold-boots the clone from its
-snapshot again, and only the processes this manager started are ever stopped, by their id.
+snapshot again, and only the processes this manager started are ever stopped: each emulator
+and Appium server leads a new process group, recorded by its id when it starts, and stopping
+it ends that group (the emulator's qemu, Appium's node children), SIGTERM then SIGKILL after
+``stop_timeout_s`` (never a name, never a group it did not create).
 
     manager = EmulatorManager(EmulatorConfig(avd="digirl", n=4, sdk_root="~/Android/Sdk"))
     manager.start()                     # boots 4 clones, 4 Appium servers
@@ -17,6 +20,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import signal
 import subprocess
 import time
 import urllib.error
@@ -55,6 +59,8 @@ class EmulatorConfig:
             that persists across soft resets from piling up (Darwin's periodic hard reset).
         boot_timeout_s: how long a boot (or an Appium server start) may take.
         emulator_args: extra emulator flags (the defaults run headless).
+        stop_timeout_s: how long a stopped emulator or server (its whole process group) may
+            take to exit after SIGTERM before the group gets SIGKILL.
     """
 
     avd: str
@@ -68,6 +74,7 @@ class EmulatorConfig:
     boot_timeout_s: float = 300.0
     emulator_args: list[str] = field(default_factory=lambda: [
         "-no-window", "-no-audio", "-no-boot-anim", "-gpu", "swiftshader_indirect"])
+    stop_timeout_s: float = 10.0
 
     def __post_init__(self) -> None:
         if self.n < 1:
@@ -76,6 +83,8 @@ class EmulatorConfig:
             raise ValueError("emulator console ports are even (adb takes the odd one after)")
         if self.hard_reset_every < 0:
             raise ValueError("hard_reset_every must be >= 0")
+        if self.stop_timeout_s < 0:
+            raise ValueError("stop_timeout_s must be >= 0")
 
 
 class EmulatorManager:
@@ -96,6 +105,8 @@ class EmulatorManager:
         self.emulator, self.adb_path, self.appium = self._find_tools()
         self.emulators: dict[int, subprocess.Popen] = {}
         self.servers: dict[int, subprocess.Popen] = {}
+        self.groups: dict[int, int] = {}
+        """Process group id of each process this manager started (by process id)."""
         self.resets = [0] * config.n
 
     # -- tools ----------------------------------------------------------------------------
@@ -146,16 +157,21 @@ class EmulatorManager:
         # -read-only lets the clones share one AVD; a cold boot ignores saved state
         return argv + (["-no-snapshot-load"] if cold else ["-snapshot", c.snapshot])
 
+    def _spawn(self, argv: list[str]) -> subprocess.Popen:
+        """Start ``argv`` as the leader of a new session, hence of a new process group whose
+        id (its own process id) is recorded: stopping it ends that group and no other."""
+        p = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                             start_new_session=True)
+        self.groups[p.pid] = os.getpgid(p.pid)  # not reaped yet: the id is still its own
+        return p
+
     def _start_emulator(self, i: int, cold: bool = False) -> None:
-        self.emulators[i] = subprocess.Popen(
-            self._emulator_argv(i, cold), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            start_new_session=True)
+        self.emulators[i] = self._spawn(self._emulator_argv(i, cold))
 
     def _start_server(self, i: int) -> None:
         port = self.config.appium_base_port + i
-        self.servers[i] = subprocess.Popen(
-            [*self.appium, "--address", "127.0.0.1", "--port", str(port)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        self.servers[i] = self._spawn(
+            [*self.appium, "--address", "127.0.0.1", "--port", str(port)])
 
     def start(self) -> None:
         """Boot every clone and its Appium server; wait until all are ready."""
@@ -176,8 +192,8 @@ class EmulatorManager:
         adb = self.adb(i)
         while time.monotonic() < deadline:
             p = self.emulators.get(i)
-            if p is not None and p.poll() is not None:
-                raise RuntimeError(f"emulator {self.serial(i)} exited with {p.returncode}")
+            if p is not None and (code := _exit_status(p)) is not None:
+                raise RuntimeError(f"emulator {self.serial(i)} exited with {code}")
             try:
                 if adb("shell", "getprop", "sys.boot_completed").strip() == "1":
                     return
@@ -192,8 +208,8 @@ class EmulatorManager:
         url = self.server_url(i) + "/status"
         while time.monotonic() < deadline:
             p = self.servers.get(i)
-            if p is not None and p.poll() is not None:
-                raise RuntimeError(f"Appium server {url} exited with {p.returncode}")
+            if p is not None and (code := _exit_status(p)) is not None:
+                raise RuntimeError(f"Appium server {url} exited with {code}")
             try:
                 with urllib.request.urlopen(url, timeout=2):
                     return
@@ -230,16 +246,31 @@ class EmulatorManager:
         self._start_server(i)
         self.wait_for_server(i)
 
-    @staticmethod
-    def _stop_process(p: subprocess.Popen | None, wait_s: float = 10.0) -> None:
-        if p is None or p.poll() is not None:
+    def _stop_process(self, p: subprocess.Popen | None) -> None:
+        """End the process group ``p`` leads: SIGTERM, up to ``stop_timeout_s`` for every
+        member to exit, then SIGKILL; then reap ``p``.
+
+        Until ``p`` is reaped (here, last) its process id stays taken, and with it the
+        group's id, so the signals cannot reach a group this manager did not create.
+        """
+        if p is None:
             return
-        p.terminate()  # by its own handle: never anything this manager did not start
+        pgid = self.groups.pop(p.pid, None)
+        if pgid is None or p.returncode is not None:  # reaped already: the id may be reused
+            return
+        timeout = self.config.stop_timeout_s
+        _signal_group(pgid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and _group_alive(pgid, p):
+            time.sleep(0.05)
+        if _group_alive(pgid, p):
+            log.warning("process group %d did not exit %.0f s after SIGTERM; killing it",
+                        pgid, timeout)
+        _signal_group(pgid, signal.SIGKILL)  # survivors, if any (harmless when none)
         try:
-            p.wait(timeout=wait_s)
+            p.wait(timeout=max(timeout, 1.0))
         except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait(timeout=wait_s)
+            log.error("process %d did not exit after SIGKILL", p.pid)
 
     def stop(self) -> None:
         """Stop every emulator and server this manager started (and nothing else)."""
@@ -264,6 +295,48 @@ class EmulatorManager:
         self.stop()
 
 
+def _exit_status(p: subprocess.Popen) -> int | None:
+    """``p``'s exit status once it has ended, else None, without reaping it (a reaped
+    process's id, and its group's, could be reused; :meth:`EmulatorManager._stop_process`
+    reaps it after its group is gone)."""
+    if p.returncode is not None or not hasattr(os, "waitid"):
+        return p.poll()
+    try:
+        info = os.waitid(os.P_PID, p.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:  # reaped by someone else
+        return p.poll()
+    if info is None:
+        return None
+    return info.si_status if info.si_code == os.CLD_EXITED else -info.si_status
+
+
+def _group_alive(pgid: int, leader: subprocess.Popen) -> bool:
+    """Whether the leader or any other live (not zombie) process of group ``pgid`` is left
+    (the others are read from ``/proc`` where there is one)."""
+    if _exit_status(leader) is None:
+        return True
+    proc = Path("/proc")
+    if not proc.is_dir():
+        return False
+    for d in proc.iterdir():
+        if not d.name.isdigit() or int(d.name) == leader.pid:
+            continue
+        try:
+            fields = (d / "stat").read_text().rpartition(")")[2].split()
+        except OSError:  # gone meanwhile
+            continue
+        if len(fields) > 2 and fields[0] != "Z" and int(fields[2]) == pgid:
+            return True
+    return False
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:
+        pass
+
+
 class AndroidEnvFactory:
     """``slot -> AndroidEnv`` on the clones of an :class:`EmulatorManager`."""
 
@@ -274,7 +347,7 @@ class AndroidEnvFactory:
 
     def __call__(self, slot: int = 0):
         from digirl_lite.envs.android.env import AndroidEnv
-        from digirl_lite.judge.factory import make_judge
+        from digirl_lite.envs.judges import make_judge
 
         reset: Any = "home" if self.minimal_reset else (lambda: self.manager.reset(slot))
         return AndroidEnv(self.manager.android_config(slot, **self.config),

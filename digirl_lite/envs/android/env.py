@@ -22,7 +22,8 @@ from digirl_lite.envs.android.device import (
     DeviceUnavailable,
 )
 from digirl_lite.envs.base import TRUNCATION_BUDGET, TRUNCATION_INFRA, Observation
-from digirl_lite.judge.base import EnvJudge, JudgeResult
+from digirl_lite.envs.sim.oracle import EnvJudge
+from digirl_lite.judge.base import JudgeResult
 from digirl_lite.judge.guards import is_blank
 from digirl_lite.prompts import build_prompt
 
@@ -35,7 +36,7 @@ class AndroidEnv:
     Args:
         config: how to reach the device (:class:`AndroidConfig`).
         judge: gives the rewards (e.g. ``make_judge({...})``); None: every step is UNJUDGED
-            (recorded, never trained on). An :class:`~digirl_lite.judge.EnvJudge` asks the
+            (recorded, never trained on). An :class:`~digirl_lite.envs.sim.oracle.EnvJudge` asks the
             device's own success check (``digirl: isSuccess``), and the device is then told
             each episode's task (``digirl: setTask``).
         horizon: step budget H (20 Web Shopping, 10 General).

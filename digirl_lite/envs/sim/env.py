@@ -15,6 +15,7 @@ from PIL import Image
 from digirl_lite.actions import Action, Gesture, format_action, parse_action, to_gesture
 from digirl_lite.data.records import Verdict
 from digirl_lite.envs.base import TRUNCATION_BUDGET, TRUNCATION_INFRA, Observation
+from digirl_lite.envs.sim.oracle import OracleJudge
 from digirl_lite.envs.sim.render import Renderer, blank_screen, screen_key
 from digirl_lite.envs.sim.tasks import Task, UnsupportedTaskError, load_tasks, parse_task
 from digirl_lite.envs.sim.world import (
@@ -27,7 +28,7 @@ from digirl_lite.envs.sim.world import (
     surprises_between,
     transition,
 )
-from digirl_lite.judge.base import Judge, JudgeResult, OracleJudge
+from digirl_lite.judge.base import Judge, JudgeResult
 from digirl_lite.paths import data_dir
 from digirl_lite.prompts import build_prompt
 
@@ -307,7 +308,7 @@ class SimPhoneEnv:
 
 class SimEnvFactory:
     """A picklable ``slot -> SimPhoneEnv`` for fleets: every environment gets its own
-    judge (built from ``judge`` config, see :func:`digirl_lite.judge.make_judge`) and seed.
+    judge (built from ``judge`` config, see :func:`digirl_lite.envs.judges.make_judge`) and seed.
 
     Args:
         judge: judge config (None: the oracle).
@@ -321,7 +322,7 @@ class SimEnvFactory:
         self.env_kwargs = env_kwargs
 
     def __call__(self, slot: int = 0) -> SimPhoneEnv:
-        from digirl_lite.judge.factory import make_judge
+        from digirl_lite.envs.judges import make_judge
 
         return SimPhoneEnv(judge=make_judge(self.judge), seed=self.seed + slot,
                            **self.env_kwargs)

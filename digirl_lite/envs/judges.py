@@ -1,5 +1,9 @@
 """Build a judge from a plain config (what the trainer's config and checkpoints hold).
 
+The factory sits above both the judges of :mod:`digirl_lite.judge` (the paper's evaluator,
+its backends and guards) and the simulator's oracles (:mod:`digirl_lite.envs.sim.oracle`),
+so every environment's factory can build its judge from a config.
+
     make_judge({"judge": "oracle"})                                    # the default
     make_judge({"judge": "env"})           # the environment's own success check
     make_judge({"judge": "noisy_oracle", "false_success_rate": 0.028})
@@ -80,8 +84,8 @@ def check_judge(config: dict[str, Any] | None, env: str = "sim",
 
 
 def make_judge(config: dict[str, Any] | None = None):
+    from digirl_lite.envs.sim.oracle import EnvJudge, NoisyOracleJudge, OracleJudge
     from digirl_lite.judge.backends import GeminiBackend, OpenAIBackend
-    from digirl_lite.judge.base import EnvJudge, NoisyOracleJudge, OracleJudge
     from digirl_lite.judge.guards import GuardedJudge
     from digirl_lite.judge.paper import FewShotSet, PaperJudge
 

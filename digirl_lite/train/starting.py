@@ -89,16 +89,16 @@ def train_sft(cfg: Any, features: Any, *, device: Any = "cpu", process_index: in
               accelerator: Any = None, log: Callable[..., None] = lambda **kw: None,
               bar: Callable[[int, str], Any] | None = None):
     """The starting policy from fresh preset weights: ``sft_copy_updates`` copy drills
-    (:func:`~digirl_lite.envs.sim.pile.copy_drills`: the copying a pre-trained T5 brings),
+    (:func:`~digirl_lite.rollout.pile.copy_drills`: the copying a pre-trained T5 brings),
     then supervised fine-tuning on the expert's demonstrations, with a share
     ``sft_copy_share`` of drills in every batch."""
     import contextlib
 
     import torch
 
-    from digirl_lite.envs.sim.pile import copy_drills, generate_demos
     from digirl_lite.policy import AutoUIPolicy
     from digirl_lite.policy.updates import steps_to_batch, text_mle_update
+    from digirl_lite.rollout.pile import copy_drills, generate_demos
 
     c = cfg
     demos, dscreens, _ = generate_demos(c.world, n=c.sft_demos, seed=c.sft_seed,
