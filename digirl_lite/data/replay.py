@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, KeysView
 from typing import Any, Literal, NamedTuple
 
 import numpy as np
@@ -57,6 +57,7 @@ class ReplayBuffer:
         self.seed = seed
         self._items: deque[Trajectory] = deque()
         self._ids: set[str] = set()
+        self._screen_refs: dict[str, int] = {}  # screen id -> uses by buffered steps
         self._rng = np.random.default_rng(seed)
 
     def __len__(self) -> int:
@@ -66,18 +67,42 @@ class ReplayBuffer:
         return iter(self._items)
 
     def add(self, trajectories: Iterable[Trajectory]) -> list[Trajectory]:
-        """Add trajectories (a repeated traj_id is an error); return those evicted."""
+        """Add trajectories (a repeated traj_id is an error); return those evicted.
+
+        The screens an evicted trajectory used are still in the caller's ScreenTable:
+        :func:`digirl_lite.train.memory.bound_to_buffer` drops those no buffered
+        trajectory uses any more."""
         evicted: list[Trajectory] = []
         for t in trajectories:
             if t.traj_id in self._ids:
                 raise ValueError(f"trajectory {t.traj_id!r} is already in the buffer")
             self._items.append(t)
             self._ids.add(t.traj_id)
+            self._count_screens(t, +1)
             while len(self._items) > self.capacity:
                 old = self._items.popleft()
                 self._ids.discard(old.traj_id)
+                self._count_screens(old, -1)
                 evicted.append(old)
         return evicted
+
+    def _count_screens(self, t: Trajectory, sign: int) -> None:
+        refs = self._screen_refs
+        for s in t.steps:
+            for sid in (s.screen_id, s.next_screen_id):
+                n = refs.get(sid, 0) + sign
+                if n:
+                    refs[sid] = n
+                else:
+                    del refs[sid]
+
+    def screen_ids(self) -> KeysView[str]:
+        """The screens the buffered trajectories' steps use (a live view; O(1) ``in``).
+
+        Kept up to date by :meth:`add` at the cost of the steps added and evicted, so
+        pruning a :class:`~digirl_lite.data.ScreenTable` to the buffer
+        (``screens.retain(buffer.screen_ids())``) needs no pass over the buffer."""
+        return self._screen_refs.keys()
 
     def split(self, t: Trajectory) -> str:
         return split_of(t.traj_id, self.seed, self.val_fraction)

@@ -6,6 +6,7 @@ Layout of a store directory::
     shard-00000/trajectories/  one row per trajectory   (datasets.save_to_disk)
     shard-00000/steps/         one row per step
     shard-00000/screens/       one row per distinct screen: image (PNG), features (float32 x d)
+    shard-00000/ids.json       the shard's trajectory ids and the screen ids it stored
     shard-00001/...            each append writes one shard
 
 Each screen is stored once across all shards (an append skips screens already stored), and
@@ -14,6 +15,13 @@ features once per screen; the two-frame critic state is rebuilt by index on load
 Appends are atomic: a shard is written to a temporary folder, renamed into place, and only
 then listed in the manifest (itself replaced atomically). A crash mid-append leaves the store
 as it was; a shard folder that the manifest does not list is ignored.
+
+Appends cost what they add: which trajectories and screens are stored is known from each
+listed shard's ``ids.json`` (written inside the shard, so it is listed exactly when the shard
+is), read once per process and store and then kept up to date, so an append never reads
+earlier shards' tables (shards written before ``ids.json`` existed are read once).
+:meth:`TrajectoryStore.traj_ids` and ``traj_id in store`` answer from it, exactly: only
+listed shards count, and the manifest is re-read whenever another object has replaced it.
 """
 
 from __future__ import annotations
@@ -22,6 +30,8 @@ import json
 import os
 import shutil
 import tempfile
+import uuid
+from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -44,6 +54,8 @@ __all__ = [
 SCHEMA_VERSION = 1
 MANIFEST = "digirl_store.json"
 FORMAT_NAME = "digirl_lite.trajectory_store"
+IDS_FILE = "ids.json"
+"""In each shard: ``{"traj_ids": [...], "screen_ids": [...]}`` (the screens it stored)."""
 
 
 class StoreError(RuntimeError):
@@ -147,6 +159,34 @@ def _step_from_row(r: dict[str, Any]) -> Step:
 
 
 # ----------------------------------------------------------------------------------------
+# Which ids a store holds
+# ----------------------------------------------------------------------------------------
+class _IdIndex:
+    """Trajectory and screen ids of a store's first ``len(shards)`` listed shards."""
+
+    __slots__ = ("shards", "traj_ids", "screen_ids")
+
+    def __init__(self) -> None:
+        self.shards: list[tuple[str, str | None]] = []  # (name, uid) in manifest order
+        self.traj_ids: set[str] = set()
+        self.screen_ids: dict[str, tuple[str, int]] = {}  # -> (shard, row in its screens)
+
+    def add(self, shard: tuple[str, str | None], traj_ids: Iterable[str],
+            screen_ids: Iterable[str]) -> None:
+        self.traj_ids.update(traj_ids)
+        for row, sid in enumerate(screen_ids):
+            self.screen_ids.setdefault(sid, (shard[0], row))
+        self.shards.append(shard)
+
+
+_INDEXES: OrderedDict[tuple[str, str], _IdIndex] = OrderedDict()
+"""Per (real path, store id), shared by every TrajectoryStore object of this process (the
+Trainer opens its store anew for each append); shards are immutable once listed, and an
+index is only used for a manifest whose (name, uid) list starts with the index's."""
+_INDEXES_KEPT = 16
+
+
+# ----------------------------------------------------------------------------------------
 # The store
 # ----------------------------------------------------------------------------------------
 class TrajectoryStore:
@@ -159,6 +199,8 @@ class TrajectoryStore:
     def __init__(self, path: str | os.PathLike[str], manifest: dict[str, Any]) -> None:
         self.path = Path(path)
         self.manifest = manifest
+        self._manifest_sig: tuple[int, int, int] | None = None  # of the file last read
+        self._index: _IdIndex | None = None
 
     # -- opening ------------------------------------------------------------------------
     @classmethod
@@ -176,20 +218,30 @@ class TrajectoryStore:
             raise StoreError(f"{p} exists and is not empty; refusing to create a store there")
         p.mkdir(parents=True, exist_ok=True)
         manifest = {"format": FORMAT_NAME, "schema_version": SCHEMA_VERSION,
-                    "feature_dim": feature_dim, "shards": [], "rows": {}}
-        store = cls(p, manifest)
-        store._write_manifest()
+                    "feature_dim": feature_dim, "shards": [], "rows": {},
+                    "store_id": uuid.uuid4().hex, "shard_uids": {}}
+        store = cls(p, {})
+        store._write_manifest(manifest)
         return store
 
     @classmethod
     def open(cls, path: str | os.PathLike[str]) -> TrajectoryStore:
         """Open an existing store; StoreError with the reason if it is not a valid one."""
-        p = Path(path)
+        store = cls(path, {})
+        store._refresh()
+        return store
+
+    @staticmethod
+    def _read_manifest(p: Path) -> tuple[dict[str, Any], tuple[int, int, int]]:
+        """The manifest of the store at ``p``, validated, and the (inode, mtime, size) of
+        the file it was read from."""
         mpath = p / MANIFEST
         if not mpath.is_file():
             raise StoreError(f"{p} is not a digirl_lite trajectory store (no {MANIFEST})")
         try:
-            manifest = json.loads(mpath.read_text())
+            with open(mpath, "rb") as f:
+                st = os.fstat(f.fileno())
+                manifest = json.loads(f.read().decode())
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
             raise StoreError(f"{mpath} is corrupt: {e}") from e
         if not isinstance(manifest, dict) or manifest.get("format") != FORMAT_NAME:
@@ -202,27 +254,98 @@ class TrajectoryStore:
             )
         if not isinstance(manifest.get("shards"), list):
             raise StoreError(f"{mpath} has no shard list")
-        return cls(p, manifest)
+        return manifest, (st.st_ino, st.st_mtime_ns, st.st_size)
+
+    def _refresh(self) -> None:
+        """Re-read the manifest if the file is not the one last read or written by this
+        object (another object appended): a stat when nothing changed."""
+        try:
+            st = os.stat(self.path / MANIFEST)
+            sig = (st.st_ino, st.st_mtime_ns, st.st_size)
+        except OSError:
+            sig = None
+        if sig is None or sig != self._manifest_sig:
+            self.manifest, self._manifest_sig = self._read_manifest(self.path)
 
     @property
     def feature_dim(self) -> int | None:
         return self.manifest.get("feature_dim")
 
-    def _write_manifest(self) -> None:
+    def _write_manifest(self, manifest: dict[str, Any]) -> None:
+        """Replace the manifest file by ``manifest`` atomically; only then is it this
+        object's manifest."""
         fd, tmp = tempfile.mkstemp(dir=self.path, prefix=".manifest-", suffix=".json")
-        with os.fdopen(fd, "w") as f:
-            json.dump(self.manifest, f, indent=1)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.path / MANIFEST)
+        try:
+            with os.fdopen(fd, "w") as f:
+                json.dump(manifest, f, indent=1)
+                f.flush()
+                os.fsync(f.fileno())
+                st = os.fstat(f.fileno())  # a rename keeps inode and mtime
+            os.replace(tmp, self.path / MANIFEST)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        self.manifest = manifest
+        self._manifest_sig = (st.st_ino, st.st_mtime_ns, st.st_size)
+
+    # -- which ids are stored ---------------------------------------------------------------
+    def _ids(self) -> _IdIndex:
+        """The ids of the listed shards: the newest manifest, the shards not indexed yet."""
+        self._refresh()
+        uids = self.manifest.get("shard_uids") or {}
+        listed = [(name, uids.get(name)) for name in self.manifest["shards"]]
+        sid = self.manifest.get("store_id")
+        key = (os.path.realpath(self.path), sid) if sid else None
+        idx = _INDEXES.get(key) if key else None
+        if idx is None or idx.shards != listed[:len(idx.shards)]:
+            idx = self._index
+        if idx is None or idx.shards != listed[:len(idx.shards)]:
+            idx = _IdIndex()
+        for shard in listed[len(idx.shards):]:
+            idx.add(shard, *self._shard_ids(shard[0]))
+        self._remember(idx)
+        return idx
+
+    def _remember(self, idx: _IdIndex) -> None:
+        self._index = idx
+        sid = self.manifest.get("store_id")
+        if sid:
+            key = (os.path.realpath(self.path), sid)
+            _INDEXES[key] = idx
+            _INDEXES.move_to_end(key)
+            while len(_INDEXES) > _INDEXES_KEPT:
+                _INDEXES.popitem(last=False)
+
+    def _shard_ids(self, shard: str) -> tuple[list[str], list[str]]:
+        """A listed shard's (trajectory ids, screen ids stored in it): its ``ids.json``, or
+        its tables where that is missing (older stores) or does not match the manifest."""
+        rows = self.manifest.get("rows", {}).get(shard, {})
+        try:
+            d = json.loads((self.path / shard / IDS_FILE).read_text())
+            t, s = d["traj_ids"], d["screen_ids"]
+            if (isinstance(t, list) and isinstance(s, list)
+                    and len(t) == rows.get("trajectories", len(t))
+                    and len(s) == rows.get("screens", len(s))):
+                return t, s
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
+        return (self._load_table(shard, "trajectories").data.column("traj_id").to_pylist(),
+                self._load_table(shard, "screens").data.column("screen_id").to_pylist())
+
+    def traj_ids(self) -> frozenset[str]:
+        """Ids of the stored trajectories, exactly those of the shards the manifest lists
+        (an append that did not finish adds none). Cheap: no table is read."""
+        return frozenset(self._ids().traj_ids)
+
+    def __contains__(self, traj_id: object) -> bool:
+        """Whether a trajectory of this id is stored (``t.traj_id in store``); see
+        :meth:`traj_ids`."""
+        return traj_id in self._ids().traj_ids
 
     # -- writing ------------------------------------------------------------------------
     def stored_screen_ids(self) -> set[str]:
-        ids: set[str] = set()
-        for shard in self.manifest["shards"]:
-            ds = self._load_table(shard, "screens")
-            ids.update(ds.data.column("screen_id").to_pylist())
-        return ids
+        """Ids of the stored screens (a copy; no table is read, see :meth:`traj_ids`)."""
+        return set(self._ids().screen_ids)
 
     def append(self, trajectories: Sequence[Trajectory], screens: ScreenTable,
                offload: bool = True) -> str | None:
@@ -233,11 +356,15 @@ class TrajectoryStore:
 
         With ``offload`` the screens just written stay in ``screens`` as loaders from this
         shard instead of decoded images (:meth:`ScreenTable.offload`): ``screens.image(id)``
-        still returns the picture, and a long run's memory stays flat.
+        still returns the picture, and a long run's memory stays flat. So do the screens
+        these trajectories use that were stored by an earlier append and are decoded in
+        ``screens`` (a run that dropped them from its table and saw them again): loaders from
+        the shards that hold them.
         """
         trajectories = list(trajectories)
         if not trajectories:
             return None
+        index = self._ids()  # also the newest manifest, if another object appended
         fd = self.feature_dim  # the manifest changes only once the shard is in place
         if fd is None and screens.feature_dim is not None:
             if self.manifest["shards"]:
@@ -250,17 +377,18 @@ class TrajectoryStore:
             raise StoreError(
                 f"screens carry {screens.feature_dim}-d features; {self.path} stores {fd}-d"
             )
-        stored = self.stored_screen_ids()
-        known = self._known_traj_ids()
+        stored, known = index.screen_ids, index.traj_ids
+        adding: set[str] = set()
         needed: dict[str, None] = {}
         for t in trajectories:
-            if t.traj_id in known:
+            if t.traj_id in known or t.traj_id in adding:
                 raise StoreError(f"trajectory {t.traj_id!r} is already in {self.path}")
-            known.add(t.traj_id)
+            adding.add(t.traj_id)
             for s in t.steps:
                 needed.setdefault(s.screen_id)
                 needed.setdefault(s.next_screen_id)
         new_ids = [sid for sid in needed if sid not in stored]
+        old_ids = [sid for sid in needed if sid in stored]
         missing = [sid for sid in new_ids if sid not in screens]
         if missing:
             raise StoreError(
@@ -295,26 +423,47 @@ class TrajectoryStore:
                     cols = {k: [r.get(k) for r in rows] for k in feats[table]}
                     dset = ds.Dataset.from_dict(cols, features=feats[table])
                     dset.save_to_disk(str(tmp / table))
+            traj_ids = [t.traj_id for t in trajectories]
+            (tmp / IDS_FILE).write_text(json.dumps({"traj_ids": traj_ids,
+                                                    "screen_ids": new_ids}))
             os.rename(tmp, self.path / name)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
-        self.manifest["feature_dim"] = fd
-        self.manifest["shards"].append(name)
-        self.manifest.setdefault("rows", {})[name] = {
-            "trajectories": len(traj_rows), "steps": len(step_rows), "screens": len(screen_rows)}
-        self._write_manifest()
-        if offload and screen_rows:
-            written = self._load_table(name, "screens")
-            screens.offload({sid: _ImageLoader(written, row) for row, sid in enumerate(new_ids)
-                             if screen_rows[row]["image"] is not None})
+        uid = uuid.uuid4().hex
+        m = self.manifest
+        self._write_manifest({
+            **m, "feature_dim": fd, "shards": [*m["shards"], name],
+            "rows": {**m.get("rows", {}), name: {
+                "trajectories": len(traj_rows), "steps": len(step_rows),
+                "screens": len(screen_rows)}},
+            "store_id": m.get("store_id") or uuid.uuid4().hex,  # older stores get one now
+            "shard_uids": {**(m.get("shard_uids") or {}), name: uid},
+        })
+        index.add((name, uid), traj_ids, new_ids)  # listed now, so now in the index
+        self._remember(index)
+        if offload:
+            loaders: dict[str, Any] = {}
+            if screen_rows:
+                written = self._load_table(name, "screens")
+                loaders.update({sid: _ImageLoader(written, row)
+                                for row, sid in enumerate(new_ids)
+                                if screen_rows[row]["image"] is not None})
+            # screens stored earlier, dropped from a run's table and seen again: decoded anew
+            where: dict[str, list[tuple[str, int]]] = {}
+            for sid in screens.decoded(old_ids):
+                shard, row = stored[sid]
+                where.setdefault(shard, []).append((sid, row))
+            for shard, rows in where.items():  # a shard's screens table per shard, no more
+                dset = self._load_table(shard, "screens")
+                images = dset.data.column("image")
+                loaders.update({sid: _ImageLoader(dset, row) for sid, row in rows
+                                if images[row].is_valid})  # stored with its picture
+            screens.offload(loaders)
         return name
 
     def _known_traj_ids(self) -> set[str]:
-        ids: set[str] = set()
-        for shard in self.manifest["shards"]:
-            ids.update(self._load_table(shard, "trajectories").data.column("traj_id").to_pylist())
-        return ids
+        return set(self._ids().traj_ids)
 
     # -- reading ------------------------------------------------------------------------
     def _load_table(self, shard: str, table: str):
@@ -348,6 +497,7 @@ class TrajectoryStore:
         return dset
 
     def __len__(self) -> int:
+        self._refresh()
         return sum(self._load_table(s, "trajectories").num_rows for s in self.manifest["shards"])
 
     def load(self, with_images: bool = True) -> tuple[list[Trajectory], ScreenTable]:
@@ -358,6 +508,7 @@ class TrajectoryStore:
         Raises:
             StoreError: naming the shard and table that is corrupt or inconsistent.
         """
+        self._refresh()
         screens = ScreenTable(self.feature_dim)
         trajectories: list[Trajectory] = []
         for shard in self.manifest["shards"]:

@@ -505,6 +505,14 @@ class Trainer:
             steps, c.offline_actor_updates))
         self.log(stage="offline", **crit, **kept, actor_loss=loss)
 
+    def _bound_memory(self) -> dict[str, int]:
+        """Memory bounded by the buffer (issue 15): drop the screens no buffered trajectory
+        uses (they are in the store) and trim the feature / text caches to what the buffer
+        needs plus a few recently used entries (:mod:`digirl_lite.train.memory`)."""
+        from digirl_lite.train.memory import bound_to_buffer
+
+        return bound_to_buffer(self.buffer, self.screens, self.features, self.text)
+
     def online_iteration(self, k: int, collected: list[Trajectory] | None = None) -> None:
         """Iteration ``k`` (1-based). ``collected``: trajectories already collected and
         stored for it before a crash (resume), so they are not collected again."""
@@ -525,6 +533,7 @@ class Trainer:
             self.features.fill(self.screens)
             self._timed("store", lambda: self._store_append(collected))
         self.buffer.add(collected)
+        self._bound_memory()
         self.online_trajectories += len(collected)
         crit = self._timed("critics", lambda: self.train_critics(c.critic_updates))
         steps, kept = self._timed("filter", lambda: self.select_steps(

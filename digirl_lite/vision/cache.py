@@ -11,7 +11,7 @@ id the caller already has, such as the environment's ``obs.screen_id`` or a
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Container, Sequence
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import numpy as np
@@ -24,6 +24,10 @@ if TYPE_CHECKING:  # pragma: no cover
     from digirl_lite.data.records import ScreenTable
 
 __all__ = ["ImageEncoder", "FeatureCache"]
+
+SPARE_FEATURES = 1024
+"""Feature vectors :meth:`FeatureCache.prune` keeps beyond the screens still needed (the most
+recently used): 1024 x 1408 floats (BLIP-2) is 5.8 MB."""
 
 
 @runtime_checkable
@@ -145,6 +149,24 @@ class FeatureCache:
                 screens.add(features=f, screen_id=sid)
             filled += len(ids)
         return filled
+
+    def prune(self, keep: Container[str], spare: int = SPARE_FEATURES) -> int:
+        """Forget the feature vectors not needed: every key in ``keep`` stays (e.g. the
+        Trainer's ScreenTable, which the buffer bounds), and of the other keys only the
+        ``spare`` most recently used (screens likely to come back: launchers, home pages).
+
+        After it the cache holds at most ``len(keep) + spare`` vectors; one pass over the
+        cache. Returns how many were forgotten.
+        """
+        if spare < 0:
+            raise ValueError(f"spare must be >= 0, got {spare}")
+        if len(self._store) <= spare:
+            return 0
+        others = [k for k in self._store if k not in keep]  # oldest first
+        gone = others[:max(0, len(others) - spare)]
+        for k in gone:
+            del self._store[k]
+        return len(gone)
 
     def clear(self) -> None:
         """Forget every feature vector and reset the counters."""
