@@ -1,7 +1,10 @@
-"""Where digirl_lite finds its shipped data (``data/`` at the repository root)."""
+"""Where digirl_lite finds its shipped data: the package's ``assets/`` folder, read through
+:mod:`importlib.resources` so that it is the same for a checkout, an editable install and a
+wheel (``$DIGIRL_LITE_DATA`` replaces it)."""
 
 from __future__ import annotations
 
+import functools
 import os
 from pathlib import Path
 
@@ -9,11 +12,23 @@ __all__ = ["data_dir", "content_key", "atomic_write_text"]
 
 
 def data_dir() -> Path:
-    """``$DIGIRL_LITE_DATA`` if set, else the repository's ``data/`` folder."""
+    """``$DIGIRL_LITE_DATA`` if set, else the shipped ``digirl_lite/assets/`` folder (in the
+    installed package): ``tasks/``, ``tokenizer/``, ``judge_examples/``, ``policies/``."""
     env = os.environ.get("DIGIRL_LITE_DATA")
     if env:
         return Path(env)
-    return Path(__file__).resolve().parents[1] / "data"
+    return _assets()
+
+
+@functools.cache
+def _assets() -> Path:
+    from importlib import resources
+
+    root = resources.files("digirl_lite") / "assets"
+    if not isinstance(root, Path):
+        raise RuntimeError(f"digirl_lite's assets are not a folder on disk ({root!r}): install "
+                           "the package unzipped, or point $DIGIRL_LITE_DATA at a copy")
+    return root
 
 
 def content_key(*parts: object) -> str:

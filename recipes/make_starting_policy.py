@@ -2,7 +2,9 @@
 brings), then supervised fine-tuning of the tiny preset on the simulator's expert
 demonstrations, saved with the SFT settings it was built under.
 
-    python recipes/make_starting_policy.py --world webshop      # -> data/policies/sft-webshop
+    python recipes/make_starting_policy.py --world webshop   # -> <assets>/policies/sft-webshop
+
+(``<assets>``: :func:`digirl_lite.paths.data_dir`, the package's ``digirl_lite/assets/``.)
 
 The main job loads it with ``starting_policy="shipped"`` (the sim_webshop preset) and
 refuses it if the config's SFT settings differ from those it was built with.

@@ -7,7 +7,7 @@ The vocabulary is made here, not copied from AitW. Train and test share no produ
 search topic (a city, a country, a shop, ...); open-app tasks may repeat across the split, the
 phone has only a few apps.
 
-    .venv/bin/python recipes/make_task_sets.py --out data/tasks --seed 0
+    .venv/bin/python recipes/make_task_sets.py --seed 0      # -> digirl_lite/assets/tasks
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from pathlib import Path
 
 from digirl_lite.envs.sim.catalog import APPS, SITES
 from digirl_lite.envs.sim.tasks import parse_task
+from digirl_lite.paths import data_dir
 
 # Sizes: Web Shopping as AitW's webshop_train (146 products x 3 levels = 438 lines); the test
 # list holds 60 products (180 lines), more than the paper's 96 evaluation lines.
@@ -358,7 +359,9 @@ def build_task_sets(seed: int = 0) -> dict[str, list[str]]:
 
 def main(argv: list[str] | None = None) -> dict[str, int]:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", default="data/tasks", help="output folder (made if absent)")
+    ap.add_argument("--out", default=str(data_dir() / "tasks"),
+                    help="output folder (made if absent; default: tasks/ in the package's "
+                         "assets, or $DIGIRL_LITE_DATA)")
     ap.add_argument("--seed", type=int, default=0, help="everything is deterministic from it")
     args = ap.parse_args(argv)
 

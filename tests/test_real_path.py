@@ -15,6 +15,7 @@ from digirl_lite.envs.judges import check_judge, make_judge
 from digirl_lite.envs.setup import android_plan, make_phones
 from digirl_lite.errors import ConfigError
 from digirl_lite.judge import GeminiBackend, PaperJudge
+from digirl_lite.paths import data_dir
 from digirl_lite.train.config import DigiRLConfig, load_config, sim_quick, sim_webshop
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -22,7 +23,7 @@ from judge_servers import OpenAIServer, closed_port, openai_reply  # noqa: E402
 from tiny_models import tiny_autoui_dir, tiny_blip2_dir, tiny_roberta_dir  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-SHIPPED = ROOT / "data" / "policies" / "sft-webshop"
+SHIPPED = data_dir() / "policies" / "sft-webshop"
 PRESETS = {"sim_webshop": sim_webshop, "sim_quick": sim_quick, "paper": DigiRLConfig}
 
 

@@ -20,10 +20,11 @@ from digirl_lite.envs.sim.tasks import (
     normalize_query,
     parse_task,
 )
+from digirl_lite.paths import data_dir
 
 ROOT = Path(__file__).resolve().parents[1]
 AITW = ROOT.parent / "shared" / "data" / "aitw_tasks"
-GENERATED = ROOT / "data" / "tasks"
+GENERATED = data_dir() / "tasks"
 RECIPE = ROOT / "recipes" / "make_task_sets.py"
 
 
@@ -377,7 +378,7 @@ def test_load_tasks_skip_unsupported_still_raises_other_errors(tmp_path):
 
 
 # --------------------------------------------------------------------------------------------
-# The generated task sets in data/tasks
+# The generated task sets in digirl_lite/assets/tasks
 # --------------------------------------------------------------------------------------------
 
 SIZES = {"webshop_train.txt": 438, "webshop_test.txt": 180,

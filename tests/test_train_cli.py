@@ -14,6 +14,7 @@ import pytest
 
 from digirl_lite.data import load_trajectories
 from digirl_lite.envs.sim import Surprises
+from digirl_lite.paths import data_dir
 from digirl_lite.train.config import ConfigError, DigiRLConfig, load_config, sim_quick
 from digirl_lite.train.trainer import Trainer
 
@@ -92,12 +93,13 @@ def test_bad_config_values_are_refused():
 
 
 def test_shipped_starting_policy_guard(tmp_path, monkeypatch):
-    """"shipped" loads data/policies/sft-<world> only if it was built with this config's SFT
+    """"shipped" loads <data>/policies/sft-<world> only if it was built with this config's SFT
     settings, and says how to build it when it is missing."""
+    shipped = data_dir()  # the package's assets, before $DIGIRL_LITE_DATA replaces them
     data = tmp_path / "data"
     data.mkdir()
-    (data / "tasks").symlink_to(ROOT / "data" / "tasks")
-    (data / "tokenizer").symlink_to(ROOT / "data" / "tokenizer")
+    (data / "tasks").symlink_to(shipped / "tasks")
+    (data / "tokenizer").symlink_to(shipped / "tokenizer")
     monkeypatch.setenv("DIGIRL_LITE_DATA", str(data))
     cfg = sim_quick(**TINY, starting_policy="shipped")
     t = Trainer(cfg, tmp_path / "a", cache_dir=None, progress=False)
@@ -159,10 +161,9 @@ def test_tensorboard_scalars(tmp_path):
 
 
 def test_the_shipped_starting_policy_matches_the_main_jobs_config(tmp_path):
-    """The main job (sim_webshop) loads data/policies/sft-webshop: it must have been built with
-    the preset's SFT settings, or the README's command fails. Rebuild with
+    """The main job (sim_webshop) loads the shipped policies/sft-webshop: it must have been
+    built with the preset's SFT settings, or the README's command fails. Rebuild with
     recipes/make_starting_policy.py after changing them."""
-    from digirl_lite.paths import data_dir
     from digirl_lite.train.config import sim_webshop
 
     meta = json.loads((data_dir() / "policies" / "sft-webshop" / "sft.json").read_text())

@@ -7,7 +7,7 @@ so every environment's factory can build its judge from a config.
     make_judge({"judge": "oracle"})                                    # the default
     make_judge({"judge": "env"})           # the environment's own success check
     make_judge({"judge": "noisy_oracle", "false_success_rate": 0.028})
-    make_judge({"judge": "paper", "examples": "data/judge_examples/webshop",
+    make_judge({"judge": "paper", "examples": "digirl_lite/assets/judge_examples/webshop",
                 "backend": {"backend": "gemini", "model": "gemini-1.5-pro"}})
     make_judge({"judge": "paper", "backend": {"backend": "openai", "model": "Qwen2-VL-7B",
                                               "base_url": "http://127.0.0.1:8000/v1",

@@ -2,7 +2,7 @@
 
     python -m digirl_lite.judge calibrate --store runs/piles/webshop-seed0/pile \\
         --labels labels.csv --judge gemini --model gemini-1.5-pro \\
-        --examples data/judge_examples/webshop --out report.json
+        --examples digirl_lite/assets/judge_examples/webshop --out report.json
 
 The labels file is a CSV with columns ``id`` (a trajectory id of the store) and ``label``
 (1/0, success/failure). Each labelled trajectory's final screen is judged (the screen before

@@ -105,8 +105,9 @@ class FewShotSet:
     """Few-shot examples as data: a folder of images plus ``labels.jsonl`` (or
     ``labels.csv``) with the fields ``image``, ``task``, ``answer``.
 
-    The simulator ships its own set in ``data/judge_examples/``; users bring the AitW sets
-    (9 General, 11 Web Shopping examples in the paper) in the same layout.
+    The simulator ships its own set in ``digirl_lite/assets/judge_examples/`` (found with
+    :func:`~digirl_lite.paths.data_dir`); users bring the AitW sets (9 General, 11 Web
+    Shopping examples in the paper) in the same layout.
     """
 
     def __init__(self, examples: Sequence[FewShotExample]) -> None:

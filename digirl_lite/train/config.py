@@ -90,9 +90,9 @@ class DigiRLConfig:
     # -- starting policy (the AutoUI role: a copier of people) -----------------------------
     starting_policy: str = "sft"
     """"sft" (fine-tune on the simulator's expert demonstrations, cached), "shipped" (the
-    checkpoint ``data/policies/sft-<world>`` built by recipes/make_starting_policy.py with
-    these same SFT settings), or a directory: a saved AutoUIPolicy or a real Auto-UI
-    checkpoint."""
+    checkpoint ``policies/sft-<world>`` shipped in the package's ``assets/``, built by
+    recipes/make_starting_policy.py with these same SFT settings), or a directory: a saved
+    AutoUIPolicy or a real Auto-UI checkpoint."""
     sft_seed: int = 0
     """Seed of the starting policy (demonstrations, initialisation, batches). Separate from
     ``seed``: as in the paper, every run seed starts from the same starting checkpoint."""
@@ -276,8 +276,8 @@ def sim_webshop(**overrides: Any) -> DigiRLConfig:
     and a cap of 1.0 the tiny policy, trained 20 updates per iteration on the few steps the
     filters keep, forgot the steps they did not keep: held-out success fell from 33% to 15%
     in 30 iterations). The starting policy is the one shipped in
-    ``data/policies/sft-webshop`` (built by recipes/make_starting_policy.py with these SFT
-    settings), so the run skips SFT.
+    ``digirl_lite/assets/policies/sft-webshop`` (built by recipes/make_starting_policy.py
+    with these SFT settings), so the run skips SFT.
 
     One departure: ``critic_lr`` 1e-3 (released: 1e-4). The released rate belongs to a
     RoBERTa critic trained for long; our critics are small heads on cached MiniLM and image

@@ -53,9 +53,10 @@ def starting_policy(cfg: Any, *, features: Any, cache_dir: Path | None, device: 
                     log: Callable[..., None] = lambda **kw: None,
                     bar: Callable[[int, str], Any] | None = None,
                     is_main: bool = True) -> tuple[Any, float | None]:
-    """``cfg.starting_policy`` "shipped" (``data/policies/sft-<world>``, which must have been
-    built with this config's SFT settings) or "sft" (cached by key in ``cache_dir``, else
-    trained here). Returns (policy, seconds of SFT or None when loaded)."""
+    """``cfg.starting_policy`` "shipped" (``policies/sft-<world>`` in
+    :func:`~digirl_lite.paths.data_dir`, the package's ``assets/``; it must have been built
+    with this config's SFT settings) or "sft" (cached by key in ``cache_dir``, else trained
+    here). Returns (policy, seconds of SFT or None when loaded)."""
     from digirl_lite.paths import data_dir
     from digirl_lite.policy import AutoUIPolicy
 

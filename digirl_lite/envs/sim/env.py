@@ -85,7 +85,7 @@ class SimPhoneEnv:
     """The simulated phone (Web Shopping world at H = 20 by default).
 
     Args:
-        tasks: ``"webshop"`` or ``"general"`` (the shipped train lists in ``data/tasks``),
+        tasks: ``"webshop"`` or ``"general"`` (the shipped train lists in ``assets/tasks``),
             ``"webshop_test"`` / ``"general_test"``, a path to a one-instruction-per-line
             file, or a sequence of instructions / :class:`Task` objects. ``reset()`` without
             a task draws one from these.
