@@ -8,7 +8,8 @@ import functools
 import os
 from pathlib import Path
 
-__all__ = ["data_dir", "content_key", "atomic_write_text"]
+__all__ = ["data_dir", "content_key", "atomic_write_text", "user_cache_dir", "fsync_tree",
+           "fsync_dir"]
 
 
 def data_dir() -> Path:
@@ -50,3 +51,37 @@ def atomic_write_text(path: Path, text: str) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
+
+
+def user_cache_dir() -> Path:
+    """Where runs keep what they can rebuild (starting policies, piles) by default:
+    ``$DIGIRL_LITE_CACHE``, else ``$XDG_CACHE_HOME/digirl_lite``, else
+    ``~/.cache/digirl_lite`` (never a path relative to the working directory)."""
+    env = os.environ.get("DIGIRL_LITE_CACHE")
+    if env:
+        return Path(env).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg).expanduser() if xdg else Path.home() / ".cache") / "digirl_lite"
+
+
+def fsync_tree(root: Path) -> None:
+    """Flush every file and folder under ``root`` (and ``root``) to disk, so a rename that
+    publishes ``root`` afterwards never names half-written files after a power cut."""
+    root = Path(root)
+    for dirpath, _dirs, files in os.walk(root):
+        for name in files:
+            fd = os.open(os.path.join(dirpath, name), os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        fsync_dir(Path(dirpath))
+
+
+def fsync_dir(path: Path) -> None:
+    """Flush a folder's entries (a rename or a new file in it) to disk."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

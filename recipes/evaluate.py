@@ -13,7 +13,7 @@ import json
 import sys
 from pathlib import Path
 
-from digirl_lite.train.cli import config_from_args, run_parser
+from digirl_lite.train.cli import cache_dir_of, config_from_args, run_parser
 from digirl_lite.train.trainer import Trainer
 
 
@@ -24,7 +24,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--stage", default="eval", help="name of this evaluation")
     args = ap.parse_args(argv)
     cfg = config_from_args(args, starting_policy=args.policy)
-    trainer = Trainer(cfg, args.out, cache_dir=args.cache_dir or None, progress=not args.quiet)
+    trainer = Trainer(cfg, args.out, cache_dir=cache_dir_of(args), progress=not args.quiet)
     trainer.build_starting_policy()
     report = trainer.evaluate(args.stage)
     path = Path(args.out) / f"eval_{args.stage}.json"

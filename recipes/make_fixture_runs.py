@@ -67,8 +67,9 @@ def make_run(out: Path, algorithm: str, seed: int, keep: bool) -> dict:
     from digirl_lite.train.config import sim_quick
     from digirl_lite.train.trainer import Trainer
 
-    cfg = sim_quick(algorithm=algorithm, seed=seed, sft_demos=8, sft_updates=2, pile_size=16,
-                    iterations=2, rollouts_per_iteration=8, n_envs=4, eval_tasks=5,
+    cfg = sim_quick(algorithm=algorithm, seed=seed, starting_policy="sft", sft_demos=8,
+                    sft_updates=2, sft_copy_updates=20, pile_size=16, iterations=2,
+                    rollouts_per_iteration=8, n_envs=4, eval_tasks=5,
                     eval_every=1, offline_critic_updates=60, offline_actor_updates=1,
                     critic_updates=30, critic_lr=1e-3, actor_updates=1, actor_batch=4,
                     top_p=0.25)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import sys
 
-from digirl_lite.train.cli import config_from_args, print_table, run_parser
+from digirl_lite.train.cli import cache_dir_of, config_from_args, print_table, run_parser
 from digirl_lite.train.trainer import Trainer
 
 
@@ -19,7 +19,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap = run_parser(__doc__.split("\n\n")[0], out="runs/offline")
     args = ap.parse_args(argv)
     cfg = config_from_args(args)
-    summary = Trainer(cfg, args.out, cache_dir=args.cache_dir or None,
+    summary = Trainer(cfg, args.out, cache_dir=cache_dir_of(args),
                       progress=not args.quiet).run(online=False)
     print_table({cfg.algorithm: summary}, cfg.eval_tasks)
     return summary

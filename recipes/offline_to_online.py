@@ -3,7 +3,7 @@ built-in simulated phone with tiny CPU models (Web Shopping, H = 20, by default)
 
     python recipes/offline_to_online.py                       # the default run
     python recipes/offline_to_online.py --quick --out runs/quick
-    python recipes/offline_to_online.py --resume --out runs/webshop   # after a crash
+    python recipes/offline_to_online.py --resume --out runs/webshop   # after a crash or kill
     python recipes/offline_to_online.py --filtered-bc         # Filtered BC alongside
 
 Writes to --out: metrics.jsonl, summary.json (held-out success and mean episode length of
@@ -16,14 +16,17 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from digirl_lite.train.cli import config_from_args, print_table, run_parser
+from digirl_lite.train.cli import cache_dir_of, config_from_args, print_table, run_parser
 from digirl_lite.train.config import ConfigError, DigiRLConfig
 from digirl_lite.train.trainer import RunStopped, Trainer
 
 
 def main(argv: list[str] | None = None) -> dict:
     ap = run_parser(__doc__.split("\n\n")[0])
-    ap.add_argument("--resume", action="store_true", help="continue the run in --out")
+    ap.add_argument("--resume", action="store_true",
+                    help="continue the run in --out from wherever it stopped")
+    ap.add_argument("--allow-config-change", action="store_true",
+                    help="with --resume: go on under a config that differs from the run's")
     ap.add_argument("--filtered-bc", action="store_true",
                     help="also run Filtered BC on the same budget (in OUT/filtered_bc)")
     args = ap.parse_args(argv)
@@ -36,17 +39,21 @@ def main(argv: list[str] | None = None) -> dict:
     results = {}
     for name, c, out in runs:
         try:  # devices are reached and encoder widths compared here, before any collection
-            trainer = Trainer(c, out, cache_dir=args.cache_dir or None,
+            trainer = Trainer(c, out, cache_dir=cache_dir_of(args),
                               progress=not args.quiet)
         except ConfigError as e:
             raise SystemExit(f"bad configuration: {e}") from None
         try:
-            results[name] = trainer.run(resume=args.resume)
+            results[name] = trainer.run(resume=args.resume,
+                                        allow_config_change=args.allow_config_change)
         except RunStopped as e:
             raise SystemExit(f"run stopped: {e}") from None
-    print_table(results, cfg.eval_tasks)
-    print(f"wall time: {sum(r['wall_s'] for r in results.values()):.0f} s; "
-          f"run folder: {args.out}")
+        except ConfigError as e:
+            raise SystemExit(f"cannot resume: {e}") from None
+    if trainer.is_main:  # under `accelerate launch`, once
+        print_table(results, cfg.eval_tasks)
+        print(f"wall time: {sum(r['wall_s'] for r in results.values()):.0f} s; "
+              f"run folder: {args.out}")
     return results
 
 

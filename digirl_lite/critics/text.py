@@ -105,9 +105,16 @@ class HFTextEncoder:
             raise FileNotFoundError(f"{path} is not a Hugging Face model directory "
                                     f"(no config.json)")
         from transformers import AutoModel, AutoTokenizer
+        from transformers.utils import logging as hf_logging
 
-        tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
-        model = AutoModel.from_pretrained(str(path), local_files_only=True)
+        bars = hf_logging.is_progress_bar_enabled()
+        hf_logging.disable_progress_bar()  # a frozen encoder's loading is not a phase
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+            model = AutoModel.from_pretrained(str(path), local_files_only=True)
+        finally:
+            if bars:
+                hf_logging.enable_progress_bar()
         self._setup(model, tokenizer, device=device, pooling=pooling, max_length=max_length,
                     truncation_side=truncation_side, normalize=normalize,
                     batch_size=batch_size)

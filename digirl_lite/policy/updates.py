@@ -8,6 +8,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from digirl_lite.distributed import average_gradients
+
 if TYPE_CHECKING:  # pragma: no cover
     from digirl_lite.data.records import ScreenTable, Step
 
@@ -52,10 +54,7 @@ def text_mle_update(policy, opt, prompts: Sequence[str], feats, actions: Sequenc
         else:
             accelerator.backward(loss)
         total += float(loss.detach())
-    if accelerator is not None and accelerator.num_processes > 1:
-        for p in policy.model.parameters():
-            if p.grad is not None:
-                p.grad = accelerator.reduce(p.grad, reduction="mean")
+    average_gradients(policy.model.parameters())  # data parallel: the same step everywhere
     if grad_clip:
         torch.nn.utils.clip_grad_norm_(policy.model.parameters(), grad_clip)
     opt.step()

@@ -13,7 +13,7 @@ from typing import Any
 
 from digirl_lite.train.config import ConfigError, load_config, sim_quick, sim_webshop
 
-__all__ = ["run_parser", "config_from_args", "print_table"]
+__all__ = ["run_parser", "config_from_args", "cache_dir_of", "print_table"]
 
 
 def run_parser(description: str, out: str = "runs/webshop") -> argparse.ArgumentParser:
@@ -26,8 +26,9 @@ def run_parser(description: str, out: str = "runs/webshop") -> argparse.Argument
     ap.add_argument("--set", nargs="*", default=[], metavar="FIELD=JSON",
                     help='override fields, e.g. --set iterations=10 judge=\'{"judge": '
                          '"noisy_oracle"}\'')
-    ap.add_argument("--cache-dir", default="runs/cache",
-                    help="starting policy and pile cache ('' to disable)")
+    ap.add_argument("--cache-dir", default=None,
+                    help="starting policy and pile cache (default: $DIGIRL_LITE_CACHE or "
+                         "~/.cache/digirl_lite; '' to disable)")
     ap.add_argument("--quiet", action="store_true", help="no progress lines or bars")
     return ap
 
@@ -58,6 +59,14 @@ def config_from_args(args: argparse.Namespace, **extra: Any):
         return cfg
     except (ConfigError, TypeError, ValueError) as e:
         raise SystemExit(f"bad configuration: {e}") from None
+
+
+def cache_dir_of(args: argparse.Namespace):
+    """``Trainer(cache_dir=...)`` for ``--cache-dir``: the user's cache by default, None
+    (no cache) for ''."""
+    from digirl_lite.train.trainer import USER_CACHE
+
+    return USER_CACHE if args.cache_dir is None else (args.cache_dir or None)
 
 
 def print_table(results: dict[str, dict[str, Any]], eval_tasks: int) -> None:

@@ -177,6 +177,7 @@ class DigiRLConfig:
     """Evaluate every N iterations for the learning curve (0: only at stage ends)."""
 
     def __post_init__(self) -> None:
+        _check_types(self)
         if self.world not in ("webshop", "general"):
             raise ValueError(f"world must be 'webshop' or 'general', got {self.world!r}")
         if self.algorithm not in ALGORITHMS:
@@ -269,6 +270,43 @@ class DigiRLConfig:
         return cls(**d)
 
 
+def _type_ok(value: Any, hint: Any) -> bool:
+    import types
+    import typing
+
+    origin = typing.get_origin(hint)
+    if hint is Any:
+        return True
+    if origin in (typing.Union, types.UnionType):
+        return any(_type_ok(value, h) for h in typing.get_args(hint))
+    if hint is type(None):
+        return value is None
+    if hint is bool:
+        return isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if hint is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if origin is not None:  # dict[str, Any], list[str], tuple[int, ...]
+        return isinstance(value, origin)
+    return isinstance(value, hint)
+
+
+def _check_types(cfg: DigiRLConfig) -> None:
+    """Every field holds a value of its declared type (a JSON number where a float is
+    expected is converted), else a ValueError naming the field."""
+    import typing
+
+    hints = typing.get_type_hints(type(cfg))
+    for f in fields(cfg):
+        v, hint = getattr(cfg, f.name), hints[f.name]
+        if not _type_ok(v, hint):
+            name = getattr(hint, "__name__", None) or str(hint).replace("typing.", "")
+            raise ValueError(f"{f.name} must be {name}, got {v!r} ({type(v).__name__})")
+        if hint is float and isinstance(v, int):
+            setattr(cfg, f.name, float(v))
+
+
 def sim_webshop(**overrides: Any) -> DigiRLConfig:
     """The default simulated Web Shopping run (the main job).
 
@@ -295,13 +333,14 @@ def sim_webshop(**overrides: Any) -> DigiRLConfig:
 
 
 def sim_quick(**overrides: Any) -> DigiRLConfig:
-    """A few-minute smoke run of the whole pipeline (not for conclusions)."""
-    base = {"sft_demos": 60, "sft_updates": 60, "sft_copy_updates": 20, "pile_size": 24,
-            "offline_critic_updates": 10, "offline_actor_updates": 10, "iterations": 2,
-            "rollouts_per_iteration": 8, "n_envs": 8, "actor_updates": 4, "actor_batch": 32,
-            "critic_batch": 32, "eval_tasks": 16, "actor_lr": 1e-3, "actor_grad_clip": 1.0,
-            "max_new_tokens": 32, "critic_hidden": 256}
-    return DigiRLConfig(**{**base, **overrides})
+    """A few-minute smoke run of the whole pipeline (not for conclusions): the main job
+    (:func:`sim_webshop`: the shipped starting policy, its settings) on a small budget, so
+    its numbers mean something (the copier succeeds about as often as in the main job).
+    Pass ``starting_policy="sft"`` (and ``sft_*`` fields) to train a starting policy."""
+    base = {"pile_size": 24, "offline_critic_updates": 10, "offline_actor_updates": 10,
+            "iterations": 2, "rollouts_per_iteration": 8, "n_envs": 8, "actor_updates": 4,
+            "actor_batch": 32, "critic_batch": 32, "eval_tasks": 16, "max_new_tokens": 32}
+    return sim_webshop(**{**base, **overrides})
 
 
 def load_config(path: str | Path, preset: str | None = None,

@@ -26,20 +26,28 @@ from typing import Any
 import numpy as np
 import torch
 
+from digirl_lite import distributed as dist
 from digirl_lite import filters
 from digirl_lite.data.records import ScreenTable, Source, Step, Trajectory, screen_id_of_image
 from digirl_lite.data.replay import ReplayBuffer
 from digirl_lite.data.store import TrajectoryStore
 from digirl_lite.envs.base import Observation
 from digirl_lite.errors import ConfigError
-from digirl_lite.paths import atomic_write_text, content_key
+from digirl_lite.paths import atomic_write_text, content_key, fsync_dir, fsync_tree, user_cache_dir
 from digirl_lite.policy.updates import mle_update, steps_to_batch, text_mle_update
 from digirl_lite.rollout.fleet import JudgeUnavailable
 from digirl_lite.train.config import DigiRLConfig
 from digirl_lite.train.evaluate import evaluate
 
 __all__ = ["PolicyBatchAgent", "Trainer", "RunStopped", "mle_update", "steps_to_batch",
-           "text_mle_update", "ITERATION_PHASES"]
+           "text_mle_update", "ITERATION_PHASES", "RUN_PHASES", "USER_CACHE"]
+
+RUN_PHASES = ("starting_policy", "eval:copier", "pile", "offline", "eval:offline")
+"""The phases before the online iterations, in order; a checkpoint is saved after each, so a
+run killed anywhere resumes at the phase it was in (``--resume``)."""
+
+USER_CACHE = "user-cache"
+"""``Trainer(cache_dir=USER_CACHE)`` (the default): :func:`digirl_lite.paths.user_cache_dir`."""
 
 ITERATION_PHASES = ("collect", "inference", "store", "critics", "filter", "actor", "checkpoint")
 """Where an online iteration's time goes (``time_split`` in metrics.jsonl): ``collect`` is
@@ -103,12 +111,20 @@ class Trainer:
         out_dir: holds ``metrics.jsonl``, ``summary.json``, ``learning_curve.png``,
             ``store/`` (every trajectory collected) and ``checkpoints/``.
         cache_dir: where the starting policy and the pile are kept across runs (they are
-            deterministic in the config); None disables caching.
-        progress: print progress lines (one per phase and iteration).
+            deterministic in the config); the default is the user's cache folder
+            (``$DIGIRL_LITE_CACHE``, else ``~/.cache/digirl_lite``); None disables caching.
+        progress: progress bars (one line, on a terminal) and a line per phase.
+
+    Under ``accelerate launch`` with N processes (gloo on CPUs, NCCL on GPUs) the run is data
+    parallel: every process collects its share of each phase's tasks with its own seeds
+    (online: ``rollouts_per_iteration`` trajectories each, so N times as many in all), the
+    trajectories are exchanged so every process holds the same buffer, the actor and both
+    critics average their gradients across processes (one set of weights everywhere, checked
+    at each checkpoint), and process 0 alone writes the store, metrics and checkpoints.
     """
 
     def __init__(self, cfg: DigiRLConfig, out_dir: str | Path,
-                 cache_dir: str | Path | None = "runs/cache", progress: bool = True) -> None:
+                 cache_dir: str | Path | None = USER_CACHE, progress: bool = True) -> None:
         from accelerate import Accelerator
 
         from digirl_lite.critics import EmbeddingCache, InstructionCritic, StepCritic
@@ -119,12 +135,14 @@ class Trainer:
         self.cfg = cfg
         self.out = Path(out_dir)
         self.out.mkdir(parents=True, exist_ok=True)
-        self.cache_dir = Path(cache_dir) if cache_dir else None
+        self.cache_dir = (user_cache_dir() if cache_dir == USER_CACHE
+                          else Path(cache_dir).expanduser() if cache_dir else None)
         self.progress = progress
         self.accelerator = Accelerator(cpu=cfg.device == "cpu")
         self.is_main = self.accelerator.is_main_process
+        self.rank, self.world = self.accelerator.process_index, self.accelerator.num_processes
         # under `accelerate launch` every process collects its own trajectories
-        self._seed_everything(cfg.seed + 7919 * self.accelerator.process_index)
+        self._seed_everything(cfg.seed + 7919 * self.rank)
         # every size follows the policy: image features, screen tables, the step critic
         self.policy = self._initial_policy().to(self.accelerator.device)
         encoder = self._image_encoder()
@@ -144,9 +162,16 @@ class Trainer:
             list(self.step_critic.parameters()) + list(self.instr_critic.parameters()),
             lr=cfg.critic_lr)
         self.actor_opt = torch.optim.AdamW(self.policy.model.parameters(), lr=cfg.actor_lr)
-        self.buffer = ReplayBuffer(cfg.capacity, seed=cfg.seed)
+        # one set of weights on every process (process 0's), as DDP does at wrap time
+        dist.broadcast_parameters(self.policy.model, self.step_critic, self.instr_critic)
+        self.buffer = ReplayBuffer(cfg.capacity, seed=cfg.seed)  # the same on every process
         self.screens = ScreenTable(self.policy.img_dim)
-        self.rng = np.random.default_rng(cfg.seed)
+        # minibatches (and, on process 0, the online tasks): this process's own draws
+        self.rng = np.random.default_rng(cfg.seed + 7919 * self.rank)
+        self.phase = ""  # the last phase done (RUN_PHASES, then "online")
+        self._ckpt_seq = 0
+        self._stored: list[Trajectory] = []  # what the run's store held when resumed
+        self._stored_ids: set[str] = set()  # ids in the run's store
         self.iteration = 0  # online iterations done
         self.online_trajectories = 0
         self.timings: dict[str, float] = {}
@@ -156,7 +181,7 @@ class Trainer:
         self._fleet = None
         self._tb = None
         # the phones last: devices are reached (emulators started) only once the rest holds
-        self.phones = make_phones(cfg, seed=cfg.seed + 7919 * self.accelerator.process_index)
+        self.phones = make_phones(cfg, seed=cfg.seed + 7919 * self.rank)
         if self.phones.n != cfg.n_envs:
             print(f"[digirl_lite] {self.phones.n} devices in android "
                   f"({'devices' if 'devices' in cfg.android else 'emulators'}): the fleet has "
@@ -221,12 +246,20 @@ class Trainer:
                 yield i
                 bar.update()
 
-    def _bar(self, total: int, desc: str):
-        """A progress bar for one phase (tqdm), silent without ``progress``."""
+    def _bar(self, total: int, desc: str, unit: str = "it"):
+        """A one-line progress bar for one phase (tqdm): only on a terminal, only on process
+        0, never without ``progress`` (elsewhere :meth:`say` prints a line per phase)."""
+        import sys
+
         from tqdm.auto import tqdm
 
-        return tqdm(total=total, desc=desc, leave=False, dynamic_ncols=True,
-                    disable=not (self.progress and self.is_main))
+        return tqdm(total=total, desc=desc, unit=unit, leave=False, dynamic_ncols=True,
+                    disable=not (self.progress and self.is_main and sys.stderr.isatty()))
+
+    def say(self, message: str) -> None:
+        """One line of what the run is doing (process 0, with ``progress``)."""
+        if self.progress and self.is_main:
+            print(f"[digirl_lite] {message}", flush=True)
 
     # -- plumbing -----------------------------------------------------------------------
     @staticmethod
@@ -318,6 +351,7 @@ class Trainer:
         else:
             self.log(stage="sft", loaded=str(Path(c.starting_policy).expanduser()))
         self.policy.to(self.accelerator.device)
+        dist.broadcast_parameters(self.policy.model)  # one policy on every process
         self.actor_opt = torch.optim.AdamW(self.policy.model.parameters(), lr=c.actor_lr)
 
     def save_starting_policy(self, directory: str | Path) -> Path:
@@ -340,53 +374,84 @@ class Trainer:
 
     # -- the stored pile ------------------------------------------------------------------
     def build_pile(self) -> list[Trajectory]:
-        """The starting policy's own attempts on train tasks, scored by the judge (cached)."""
+        """The starting policy's own attempts on train tasks, scored by the judge (cached).
+        A pile already in the run's store (stored before a crash) is read back, not
+        collected again."""
         from digirl_lite.data.store import load_trajectories
 
         c = self.cfg
+        stored = [t for t in self._stored if t.source is Source.OFFLINE]
+        if stored:
+            self.log(stage="pile", from_store=str(self.out / "store"),
+                     trajectories=len(stored))
+            return stored
         policy_id = (self.sft_key() if c.starting_policy in ("sft", "shipped")
                      else str(Path(c.starting_policy).expanduser().resolve()))
         devices = () if c.env == "sim" else (c.env, c.android)  # sim keys as before
         key = self._cache_key("pile-v2", c.world, c.seed, c.pile_size, c.judge, c.temperature,
                               c.max_new_tokens, c.horizon, c.task_file, policy_id, *devices)
         cached = self.cache_dir / f"pile-{key}" if self.cache_dir else None
-        if cached is not None and (cached / "digirl_store.json").is_file():
+        # every process takes the same road (process 0 decides)
+        if dist.broadcast_object(cached is not None and (cached / "digirl_store.json").is_file()):
             trajs, screens = load_trajectories(cached)
             self.screens.merge(screens)
             self.log(stage="pile", cached=str(cached), trajectories=len(trajs))
             return trajs
         tasks = self._train_tasks()
         idx = np.random.default_rng(c.seed + 1).integers(0, len(tasks), c.pile_size)
+        self.say(f"pile: {c.pile_size} attempts of the starting policy on "
+                 f"{self.phones.n * self.world} phones")
         episodes = self._timed("pile", lambda: self._collect(
             "pile", self.agent(), [tasks[i] for i in idx], self.screens,
             id_prefix=f"pile-s{c.seed}", source=Source.OFFLINE, iteration=-1,
             seed=c.seed * 1_000_003 + 7))
         self.features.fill(self.screens)
         trajs = [e.trajectory for e in episodes]
-        if cached is not None:
+        if cached is not None and self.is_main:  # written aside, then renamed into place
+            cached.parent.mkdir(parents=True, exist_ok=True)
+            tmp = Path(tempfile.mkdtemp(dir=cached.parent, prefix=f".tmp-{cached.name}-"))
             sub = ScreenTable(self.screens.feature_dim)
-            for t in trajs:
-                for s in t.steps:
-                    for sid in (s.screen_id, s.next_screen_id):
-                        if sid not in sub:
-                            i = self.screens.index_of([sid])[0]
-                            sub.add(self.screens.image(sid), self.screens.matrix()[i],
-                                    screen_id=sid)
-            TrajectoryStore.create(cached, sub.feature_dim).append(trajs, sub)
+            for sid, img, feats in self._screen_rows(trajs, self.screens):
+                sub.add(img, feats, screen_id=sid)
+            TrajectoryStore.create(tmp / "pile", sub.feature_dim).append(trajs, sub)
+            fsync_tree(tmp)
+            try:
+                os.rename(tmp / "pile", cached)
+            except OSError:  # another run cached the same pile meanwhile
+                pass
+            shutil.rmtree(tmp, ignore_errors=True)
         self.log(stage="pile", trajectories=len(trajs),
                  success_rate=round(float(np.mean([t.is_success for t in trajs])), 4))
         return trajs
 
     def _collect(self, stage: str, agent: PolicyBatchAgent, tasks: Sequence[Any],
-                 screens: ScreenTable, **kw: Any):
-        """``fleet.collect`` for ``stage``, counting unjudged steps. When the judge cannot
-        answer (``max_unjudged_steps`` in a row), what had finished is stored (the run's
-        store, or the evaluation's), a checkpoint is saved from the online phase on, and
-        :class:`RunStopped` says why."""
-        try:
-            episodes = self.fleet().collect(agent, tasks, screens, **kw)
-        except JudgeUnavailable as e:
-            got = [ep.trajectory for ep in e.episodes]
+                 screens: ScreenTable, *, id_prefix: str, seed: int = 0, **kw: Any):
+        """``fleet.collect`` for ``stage``, counting unjudged steps. Episode ``k`` of
+        ``tasks`` is ``{id_prefix}-{k:05d}`` with env seed ``seed + k`` whatever the number
+        of processes: with N processes each collects its own contiguous share and the
+        episodes (and their screens) are exchanged, so every process returns all of them.
+
+        When the judge cannot answer (``max_unjudged_steps`` in a row), what had finished
+        is stored (the run's store, or the evaluation's), a checkpoint is saved from the
+        online phase on, and :class:`RunStopped` says why."""
+        a = self.rank * len(tasks) // self.world
+        b = (self.rank + 1) * len(tasks) // self.world
+        stopped: tuple[int, str] | None = None
+        with self._bar(b - a, f"{stage}: episodes", unit="ep") as bar:
+            def started(_slot: int, obs: Observation) -> None:
+                if obs.step == 0:
+                    bar.update()
+
+            try:
+                episodes = self.fleet().collect(agent, list(tasks[a:b]), screens,
+                                                id_prefix=id_prefix, seed=seed + a,
+                                                on_step=started, **kw)
+            except JudgeUnavailable as e:
+                episodes, stopped = e.episodes, (e.n, e.reason)
+        if self.world > 1:
+            episodes, stopped = self._exchange(episodes, stopped, screens, id_prefix, a)
+        if stopped is not None:
+            got = [ep.trajectory for ep in episodes]
             self.features.fill(screens)
             where = self.out / "store"
             if stage.startswith("eval"):
@@ -399,12 +464,13 @@ class Trainer:
             saved = ""
             if stage.startswith("online"):
                 saved = f"; checkpoint {self.save_checkpoint()}"
-            self.log(stage="stopped", during=stage, unjudged_in_a_row=e.n, reason=e.reason,
+            n, reason = stopped
+            self.log(stage="stopped", during=stage, unjudged_in_a_row=n, reason=reason,
                      kept_trajectories=len(got))
             raise RunStopped(
-                f"stopped during {stage}: {e} (the judge's config: {self.cfg.judge}). "
-                f"{len(got)} finished trajectories were stored in {where}{saved}; fix the judge "
-                "and resume") from e
+                f"stopped during {stage}: {n} steps in a row were unjudged; the last one: "
+                f"{reason} (the judge's config: {self.cfg.judge}). {len(got)} finished "
+                f"trajectories were stored in {where}{saved}; fix the judge and resume")
         steps = sum(len(ep.trajectory) for ep in episodes)
         unjudged = sum(ep.trajectory.num_unjudged for ep in episodes)
         name = "online" if stage.startswith("online") else stage
@@ -413,13 +479,52 @@ class Trainer:
         tally[name] = [u + unjudged, n + steps]
         return episodes
 
+    def _exchange(self, episodes: list, stopped: tuple[int, str] | None,
+                  screens: ScreenTable, id_prefix: str, first: int):
+        """Every process's episodes (renamed to their index in the whole task list) and the
+        screens they visit (images and features), on every process, in task order."""
+        from dataclasses import replace
+
+        def renamed(ep):
+            k = int(ep.trajectory.traj_id.rsplit("-", 1)[1])
+            return replace(ep, trajectory=replace(ep.trajectory,
+                                                  traj_id=f"{id_prefix}-{first + k:05d}"))
+
+        episodes = [renamed(ep) for ep in episodes]
+        self.features.fill(screens)
+        rows = self._screen_rows([ep.trajectory for ep in episodes], screens)
+        parts = dist.all_gather((episodes, rows, stopped))
+        out: list = []
+        stops = []
+        for r, (eps, rws, stop) in enumerate(parts):
+            out += eps
+            if stop is not None:
+                stops.append(stop)
+            if r != self.rank:
+                for sid, img, feats in rws:
+                    screens.add(img, feats, screen_id=sid)
+        return out, (stops[0] if stops else None)
+
+    @staticmethod
+    def _screen_rows(trajs: Sequence[Trajectory], screens: ScreenTable) -> list[tuple]:
+        """(id, decoded image, features) of every screen ``trajs`` visit, once each."""
+        seen: dict[str, None] = {}
+        for t in trajs:
+            for st in t.steps:
+                seen.setdefault(st.screen_id)
+                seen.setdefault(st.next_screen_id)
+        feats = screens.features(list(seen)) if seen else []
+        return [(sid, screens.image(sid), f) for sid, f in zip(seen, feats)]
+
     # -- critics --------------------------------------------------------------------------
     def train_critics(self, updates: int) -> dict[str, float]:
+        """``updates`` cross-entropy updates of both critics on the buffer's training split
+        (none for Filtered BC, which never reads them)."""
         from digirl_lite.critics.data import instruction_batch, step_batches
         from digirl_lite.critics.losses import instruction_critic_loss, step_critic_loss
 
         trajs = self.buffer.trajectories("train")
-        if not trajs or updates <= 0:
+        if not trajs or updates <= 0 or self.cfg.algorithm == "filtered_bc":
             return {}
         s_loss = i_loss = float("nan")
         batches = step_batches(trajs, self.screens, self.text, self.cfg.critic_batch,
@@ -444,6 +549,8 @@ class Trainer:
                     i_loss = float(loss_i.detach())
                     loss = loss + loss_i
                 loss.backward()
+            dist.average_gradients(list(self.step_critic.parameters())
+                                   + list(self.instr_critic.parameters()))
             self.critic_opt.step()
         return {"step_critic_loss": round(s_loss, 4), "instr_critic_loss": round(i_loss, 4)}
 
@@ -496,7 +603,8 @@ class Trainer:
     def offline(self, pile: Sequence[Trajectory]) -> None:
         c = self.cfg
         self.buffer.add(pile)
-        self.text.get(sorted({t.task for t in pile}))
+        if c.algorithm != "filtered_bc":  # the critics' inputs
+            self.text.get(sorted({t.task for t in pile}))
         crit = self._timed("offline_critics", lambda: self.train_critics(
             c.offline_critic_updates))
         steps, kept = self._timed("offline_filter", lambda: self.select_steps(
@@ -521,7 +629,9 @@ class Trainer:
         before = dict(self.timings)
         if collected is None:
             tasks = self._train_tasks()
-            idx = self.rng.integers(0, len(tasks), c.rollouts_per_iteration)
+            # process 0 draws every process's tasks: rollouts_per_iteration each
+            idx = dist.broadcast_object(self.rng.integers(
+                0, len(tasks), c.rollouts_per_iteration * self.world) if self.is_main else None)
             self.fleet().policy_version = k - 1  # the weights after k - 1 iterations
             agent = self.agent()
             episodes = self._timed("collect", lambda: self._collect(
@@ -539,7 +649,7 @@ class Trainer:
         steps, kept = self._timed("filter", lambda: self.select_steps(
             self.buffer.trajectories("train"), instruction_filter=True))
         loss = self._timed("actor", lambda: self.train_actor(steps, c.actor_updates))
-        self.iteration = k
+        self.iteration, self.phase = k, "online"
         self._timed("checkpoint", self.save_checkpoint)
         wins = float(np.mean([t.is_success for t in collected])) if collected else 0.0
         split = {name: round(self.timings.get(name, 0.0) - before.get(name, 0.0), 3)
@@ -576,116 +686,234 @@ class Trainer:
         return TrajectoryStore.create(self.out / "store", self.policy.img_dim, exist_ok=True)
 
     def _store_append(self, trajs: Sequence[Trajectory]) -> None:
-        if self.is_main:
-            self._store().append(list(trajs), self.screens)
+        """Append to the run's store (process 0) what it does not hold yet: a phase redone
+        after a crash never stores a trajectory twice."""
+        new = [t for t in trajs if t.traj_id not in self._stored_ids]
+        if new and self.is_main:
+            self._store().append(new, self.screens)
+        self._stored_ids.update(t.traj_id for t in new)
+
+    def _random_state(self) -> dict[str, Any]:
+        """This process's random generators (JSON), for the checkpoint."""
+        kind, keys, pos, gauss, cached = np.random.get_state()
+        return {"numpy": self.rng.bit_generator.state, "python": random.getstate(),
+                "np_global": [kind, keys.tolist(), pos, gauss, cached]}
+
+    def _set_random_state(self, st: dict[str, Any], torch_state: torch.Tensor | None) -> None:
+        self.rng.bit_generator.state = st["numpy"]
+        version, internal, gauss = st["python"]
+        random.setstate((version, tuple(internal), gauss))
+        kind, keys, pos, has_gauss, cached = st["np_global"]
+        np.random.set_state((kind, np.array(keys, dtype=np.uint32), pos, has_gauss, cached))
+        if torch_state is not None:
+            torch.set_rng_state(torch_state)
 
     def save_checkpoint(self) -> Path:
-        """Atomically: policy, critics, optimisers, buffer ids, RNG states, counters.
-        (Under ``accelerate launch`` the main process writes; the policies are equal.)"""
+        """Policy, critics, optimisers, buffer ids, every process's random state, counters,
+        the phase done and the config, in a new folder ``ckpt-NNNNN``: written aside,
+        fsynced, renamed into place; only then does ``latest`` (atomic, fsynced) name it,
+        and the checkpoints before the previous one are removed. A kill at any moment leaves
+        ``latest`` naming a complete checkpoint. Under ``accelerate launch`` every process
+        takes part (random states, a check that the weights agree); process 0 writes."""
+        rngs = dist.all_gather(self._random_state())
+        torch_rngs = dist.all_gather(torch.get_rng_state())
+        digests = None
+        if self.world > 1:
+            digests = dist.all_gather(dist.weights_digest(
+                self.policy.model, self.step_critic, self.instr_critic))
+            if len(set(digests)) > 1:
+                raise RuntimeError(f"the processes' weights differ ({digests}): the learner "
+                                   "is no longer data parallel; not saving")
+        self._ckpt_seq += 1
         root = self.out / "checkpoints"
+        name = f"ckpt-{self._ckpt_seq:05d}"
         if not self.is_main:
-            return root / f"iter-{self.iteration:04d}"
+            return root / name
         root.mkdir(exist_ok=True)
-        name = f"iter-{self.iteration:04d}"
+        for stale in root.glob(".tmp-*"):  # a save killed half way
+            shutil.rmtree(stale, ignore_errors=True)
         tmp = Path(tempfile.mkdtemp(dir=root, prefix=f".tmp-{name}-"))
         self.policy.save(tmp / "policy")
         torch.save({"step_critic": self.step_critic.state_dict(),
                     "instr_critic": self.instr_critic.state_dict(),
                     "critic_opt": self.critic_opt.state_dict(),
                     "actor_opt": self.actor_opt.state_dict(),
-                    "torch_rng": torch.get_rng_state()}, tmp / "state.pt")
-        state = {"iteration": self.iteration, "online_trajectories": self.online_trajectories,
-                 "buffer": self.buffer.state_dict(), "rng": self.rng.bit_generator.state,
+                    "torch_rng": torch_rngs}, tmp / "state.pt")
+        state = {"phase": self.phase, "iteration": self.iteration,
+                 "online_trajectories": self.online_trajectories,
+                 "config": self._config_json(), "processes": self.world,
+                 "weights_digests": digests,
+                 "buffer": self.buffer.state_dict(), "rngs": rngs,
                  "curve": self.curve, "summary": self.summary, "timings": self.timings}
         (tmp / "state.json").write_text(json.dumps(state, default=float))
+        fsync_tree(tmp)
         final = root / name
-        if final.exists():
-            shutil.rmtree(final)
         os.rename(tmp, final)
+        fsync_dir(root)
+        previous = (root / "latest").read_text().strip() if (root / "latest").is_file() else ""
         atomic_write_text(root / "latest", name)
-        for old in sorted(p for p in root.glob("iter-*") if p.name != name)[:-1]:
-            shutil.rmtree(old, ignore_errors=True)  # keep the newest two
+        fsync_dir(root)
+        for old in root.iterdir():  # keep this one and the one before
+            if old.is_dir() and old.name not in (name, previous) and not old.name.startswith("."):
+                shutil.rmtree(old, ignore_errors=True)
         return final
 
-    def load_checkpoint(self) -> bool:
-        """Restore the newest checkpoint; False when there is none."""
+    def _config_json(self) -> dict[str, Any]:
+        return json.loads(json.dumps(self.cfg.as_dict(), default=str))
+
+    def load_checkpoint(self, allow_config_change: bool = False) -> bool:
+        """Restore the newest checkpoint; False when there is none. A checkpoint saved
+        under another config is refused (:class:`ConfigError` naming the fields that
+        differ) unless ``allow_config_change``."""
+        import re
+
         from digirl_lite.data.store import load_trajectories
         from digirl_lite.policy import AutoUIPolicy
 
-        latest = self.out / "checkpoints" / "latest"
+        root = self.out / "checkpoints"
+        latest = root / "latest"
         if not latest.is_file():
             return False
-        d = self.out / "checkpoints" / latest.read_text().strip()
+        d = root / latest.read_text().strip()
         state = json.loads((d / "state.json").read_text())
-        self.policy = AutoUIPolicy.load(d / "policy")
+        saved = state.get("config", state["summary"].get("config", {}))
+        now = self._config_json()
+        changed = {k: (saved.get(k, "<unset>"), now.get(k, "<unset>"))
+                   for k in sorted(set(saved) | set(now)) if saved.get(k) != now.get(k)}
+        if changed and not allow_config_change:
+            lines = "\n  ".join(f"{k}: {a!r} in the run, {b!r} now" for k, (a, b)
+                                in changed.items())
+            raise ConfigError(
+                f"{self.out} was run with another configuration:\n  {lines}\nresume with "
+                "the same settings, or pass --allow-config-change (allow_config_change=True)"
+                " to go on under the new ones")
+        self.policy = AutoUIPolicy.load(d / "policy").to(self.accelerator.device)
         tensors = torch.load(d / "state.pt", map_location="cpu", weights_only=True)
         self.step_critic.load_state_dict(tensors["step_critic"])
         self.instr_critic.load_state_dict(tensors["instr_critic"])
         self.critic_opt.load_state_dict(tensors["critic_opt"])
         self.actor_opt = torch.optim.AdamW(self.policy.model.parameters(), lr=self.cfg.actor_lr)
         self.actor_opt.load_state_dict(tensors["actor_opt"])
-        torch.set_rng_state(tensors["torch_rng"])
-        trajs, screens = load_trajectories(self.out / "store")
+        rngs, torch_rngs = state.get("rngs"), tensors["torch_rng"]
+        if isinstance(torch_rngs, torch.Tensor):  # checkpoints of one process, before rngs
+            torch_rngs = [torch_rngs]
+        if rngs is not None and len(rngs) == self.world:
+            self._set_random_state(rngs[self.rank], torch_rngs[self.rank])
+        elif rngs is None and self.world == 1:
+            self.rng.bit_generator.state = state["rng"]
+            torch.set_rng_state(torch_rngs[0])
+        else:  # another number of processes: fresh draws, reproducible from here
+            self._seed_everything(self.cfg.seed + 7919 * self.rank + 104_729 * state["iteration"])
+            self.say(f"checkpoint {d.name} was saved by {len(torch_rngs)} processes, this run "
+                     f"has {self.world}: random draws start afresh")
+        store = self.out / "store"
+        trajs, screens = (load_trajectories(store) if (store / "digirl_store.json").is_file()
+                          else ([], ScreenTable(self.policy.img_dim)))
         self.screens.merge(screens)
         self.buffer = ReplayBuffer.from_state_dict(state["buffer"], trajs)
-        self.rng.bit_generator.state = state["rng"]
         self.iteration = state["iteration"]
+        self.phase = state.get("phase", "eval:offline")  # before phases: a full prelude
         self.online_trajectories = state["online_trajectories"]
         self.curve = [tuple(x) for x in state["curve"]]
         self.summary = state["summary"]
+        if changed:
+            self.summary["config"] = self.cfg.as_dict()
+            self.log(stage="resume", config_changed={k: list(v) for k, v in changed.items()})
         self.timings = state["timings"]
         self._stored = trajs
+        self._stored_ids = {t.traj_id for t in trajs}
+        seqs = [int(m.group(1)) for p in root.iterdir()
+                if (m := re.fullmatch(r"ckpt-(\d+)", p.name))]
+        self._ckpt_seq = max(seqs, default=0)
         return True
 
     # -- the whole run --------------------------------------------------------------------
-    def run(self, resume: bool = False, offline: bool = True,
-            online: bool = True) -> dict[str, Any]:
+    def run(self, resume: bool = False, offline: bool = True, online: bool = True,
+            allow_config_change: bool = False) -> dict[str, Any]:
         """The whole run: starting policy (evaluated as "copier"), then the offline phase on
         the pile (evaluated as "offline") unless ``offline=False``, then ``cfg.iterations``
-        online iterations (evaluated as "online") unless ``online=False``. ``resume``
-        continues the run in ``out_dir`` from its newest checkpoint."""
+        online iterations (evaluated as "online") unless ``online=False``.
+
+        A checkpoint follows every phase (:data:`RUN_PHASES`), every iteration and every
+        evaluation, so ``resume`` continues the run in ``out_dir`` from wherever it was
+        killed: a phase that had not finished is redone, and what it had stored is read
+        back, never stored twice. ``allow_config_change``: resume under a config that
+        differs from the run's (refused otherwise)."""
         try:
-            return self._run(resume, offline, online)
+            return self._run(resume, offline, online, allow_config_change)
         finally:  # a stopped or crashed run still ends its workers and emulators
             self.close()
 
-    def _run(self, resume: bool, offline: bool, online: bool) -> dict[str, Any]:
+    def _done(self, phase: str) -> bool:
+        order = (*RUN_PHASES, "online")
+        return bool(self.phase) and order.index(self.phase) >= order.index(phase)
+
+    def _finish(self, phase: str) -> None:
+        self.phase = phase
+        self.save_checkpoint()
+
+    def _run(self, resume: bool, offline: bool, online: bool,
+             allow_config_change: bool) -> dict[str, Any]:
         t0 = time.perf_counter()
         c = self.cfg
         iterations = c.iterations if online else 0
-        if resume and self.load_checkpoint():
-            self.log(stage="resume", iteration=self.iteration)
-            pending = [t for t in self._stored if t.iteration == self.iteration + 1]
+        self.say(f"run folder: {self.out.resolve()} (metrics.jsonl, summary.json, store/, "
+                 "eval/, checkpoints/)" + (f"; cache: {self.cache_dir}" if self.cache_dir
+                                           else ""))
+        if resume and self.load_checkpoint(allow_config_change):
+            self.log(stage="resume", phase=self.phase, iteration=self.iteration)
         else:
-            if (self.out / "checkpoints" / "latest").is_file():
-                raise FileExistsError(f"{self.out} holds a run; pass resume=True or another "
-                                      "output folder")
+            if (self.out / "checkpoints" / "latest").is_file() or (self.out / "store").exists():
+                raise FileExistsError(f"{self.out} holds a run; pass resume=True (--resume) "
+                                      "or another output folder")
+            if resume:
+                self.say(f"nothing to resume in {self.out}: starting the run")
+        if not self._done("starting_policy"):
+            self.say("starting policy")
             self.build_starting_policy()
+            self._finish("starting_policy")
+        if not self._done("eval:copier"):
             self.evaluate("copier")
-            if offline:
+            self._finish("eval:copier")
+        if offline:
+            pile = None
+            if not self._done("pile"):
                 pile = self.build_pile()
                 self._store_append(pile)
+                self._finish("pile")
+            if not self._done("offline"):
+                pile = pile if pile is not None else self.build_pile()
+                self.say(f"offline phase: critics and actor on {len(pile)} trajectories")
                 self.offline(pile)
+                self._finish("offline")
+            if not self._done("eval:offline"):
                 self.evaluate("offline")
-            self.iteration = 0
-            self.save_checkpoint()
-            pending = []
+                self._finish("eval:offline")
+        pending = [t for t in self._stored if t.iteration == self.iteration + 1
+                   and t.source is Source.ONLINE]
+        if iterations:
+            self.say(f"online phase: {iterations} iterations of "
+                     f"{c.rollouts_per_iteration * self.world} trajectories")
         bar = self._bar(iterations, "online iterations")
-        bar.update(self.iteration)
-        while self.iteration < iterations:
-            k = self.iteration + 1
-            self.online_iteration(k, collected=pending or None)
-            bar.update()
-            pending = []
-            if c.eval_every and k % c.eval_every == 0 and k < iterations:
+        bar.update(min(self.iteration, iterations))
+        while True:
+            k = self.iteration
+            if (c.eval_every and 0 < k < iterations and k % c.eval_every == 0
+                    and f"online-{k}" not in self.summary["stages"]):
                 self.evaluate(f"online-{k}")
                 self.save_checkpoint()
+            if k >= iterations:
+                break
+            self.online_iteration(k + 1, collected=pending or None)
+            bar.update()
+            pending = []
         bar.close()
         if online and "online" not in self.summary["stages"]:
             self.evaluate("online")
         self.summary.update({
             "wall_s": round(time.perf_counter() - t0, 1) + self.summary.get("wall_s", 0.0),
             "online_trajectories": self.online_trajectories,
+            "processes": self.world,
             "buffer": self.buffer.counts(),
             "timings_s": {k: round(v, 2) for k, v in self.timings.items()},
             "feature_cache_hit_rate": round(self.features.hit_rate, 3),

@@ -1,0 +1,131 @@
+"""Data-parallel training across processes: the collectives on gloo (two real processes),
+and the main job under ``accelerate launch`` with two processes on CPU."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from digirl_lite import distributed as dist
+from digirl_lite.data.store import TrajectoryStore
+
+ROOT = Path(__file__).resolve().parents[1]
+RECIPE = ROOT / "recipes" / "offline_to_online.py"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _worker(rank: int, port: int, out: str) -> None:
+    import torch.distributed as tdist
+
+    tdist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                             world_size=2)
+    try:
+        torch.manual_seed(100 + rank)  # different initial weights on each process
+        model = torch.nn.Linear(3, 2)
+        dist.broadcast_parameters(model)
+        before = dist.weights_digest(model)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        x = torch.full((4, 3), float(rank + 1))  # each process its own data
+        for _ in range(3):
+            opt.zero_grad()
+            model(x).pow(2).mean().backward()
+            grad_here = model.weight.grad.clone()
+            dist.average_gradients(model.parameters())
+            opt.step()
+        gathered = dist.all_gather({"rank": dist.rank(), "n": dist.world_size()})
+        told = dist.broadcast_object("from zero" if rank == 0 else None)
+        torch.save({"before": before, "after": dist.weights_digest(model),
+                    "grad_here": grad_here, "grad_mean": model.weight.grad.clone(),
+                    "gathered": gathered, "told": told}, f"{out}/rank{rank}.pt")
+    finally:
+        tdist.destroy_process_group()
+
+
+def test_collectives_keep_one_set_of_weights_on_gloo(tmp_path):
+    """Process 0's weights everywhere after the broadcast; gradients averaged (not summed,
+    not left alone) so both processes take the same steps on different data."""
+    mp.spawn(_worker, args=(_free_port(), str(tmp_path)), nprocs=2, join=True)
+    r0, r1 = (torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in (0, 1))
+    assert r0["before"] == r1["before"]
+    assert r0["after"] == r1["after"] != r0["before"]
+    assert not torch.equal(r0["grad_here"], r1["grad_here"])  # the data differ ...
+    mean = (r0["grad_here"] + r1["grad_here"]) / 2  # ... the step uses their mean
+    assert torch.allclose(r0["grad_mean"], mean) and torch.allclose(r1["grad_mean"], mean)
+    assert r0["gathered"] == r1["gathered"] == [{"rank": 0, "n": 2}, {"rank": 1, "n": 2}]
+    assert r0["told"] == r1["told"] == "from zero"
+
+
+def test_one_process_is_the_identity():
+    m = torch.nn.Linear(2, 2)
+    m(torch.ones(1, 2)).sum().backward()
+    g = m.weight.grad.clone()
+    dist.average_gradients(m.parameters())
+    dist.broadcast_parameters(m)
+    assert torch.equal(m.weight.grad, g)
+    assert dist.all_gather(5) == [5] and dist.broadcast_object("x") == "x"
+    assert dist.world_size() == 1 and dist.rank() == 0
+
+
+@pytest.mark.slow
+def test_main_job_on_two_processes(tmp_path):
+    """``accelerate launch`` with two processes on CPU (gloo): each process collects
+    rollouts_per_iteration trajectories per iteration, all reach the store exactly once,
+    the pile and evaluations are shared out (not doubled), and the weights agree."""
+    out = tmp_path / "run"
+    k, iterations, pile = 3, 2, 6
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu",
+           "--num_processes", "2", "--num_machines", "1", "--mixed_precision", "no",
+           "--dynamo_backend", "no", "--main_process_port", str(_free_port()), str(RECIPE),
+           "--quick", "--quiet", "--out", str(out), "--cache-dir", "",
+           "--set", f"rollouts_per_iteration={k}", f"iterations={iterations}",
+           f"pile_size={pile}", "n_envs=3", "eval_tasks=4", "offline_critic_updates=2",
+           "critic_updates=2", "actor_updates=2", "offline_actor_updates=2"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=900)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert done.stdout.count("held-out success") == 1  # the table once, from process 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["processes"] == 2
+    assert summary["online_trajectories"] == 2 * k * iterations
+    trajs, _ = TrajectoryStore.open(out / "store").load(with_images=False)
+    ids = [t.traj_id for t in trajs]
+    assert len(ids) == len(set(ids))
+    online = sorted(i for i in ids if i.startswith("online-"))
+    assert online == [f"online-s0-it{it:04d}-{j:05d}" for it in range(1, iterations + 1)
+                      for j in range(2 * k)]
+    assert sorted(i for i in ids if i.startswith("pile-")) == [f"pile-s0-{j:05d}"
+                                                                for j in range(pile)]
+    # the evaluation shared out over both processes: each task once
+    ev, _ = TrajectoryStore.open(out / "eval" / "online").load(with_images=False)
+    assert sorted(t.traj_id for t in ev) == [f"eval-online-{j:05d}" for j in range(4)]
+    ckpt = out / "checkpoints" / (out / "checkpoints" / "latest").read_text().strip()
+    state = json.loads((ckpt / "state.json").read_text())
+    digests = state["weights_digests"]
+    assert len(digests) == 2 and digests[0] == digests[1]
+    assert len(state["rngs"]) == 2 and state["rngs"][0] != state["rngs"][1]
+    # the saved weights are the ones both processes hold
+    from digirl_lite.policy import AutoUIPolicy
+
+    saved = AutoUIPolicy.load(ckpt / "policy")
+    tensors = torch.load(ckpt / "state.pt", map_location="cpu", weights_only=True)
+    from digirl_lite.critics import InstructionCritic, StepCritic
+
+    sc = StepCritic(384, saved.img_dim, hidden=256)
+    sc.load_state_dict(tensors["step_critic"])
+    ic = InstructionCritic(384)
+    ic.load_state_dict(tensors["instr_critic"])
+    assert dist.weights_digest(saved.model, sc, ic) == digests[0]
