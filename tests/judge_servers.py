@@ -96,6 +96,7 @@ class ScriptedServer:
 
     def __init__(self) -> None:
         self.requests: list[Recorded] = []
+        self._answered = 0  # replies sent, once any planned delay has passed
         self._plans: deque[Planned] = deque()
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -127,6 +128,8 @@ class ScriptedServer:
                 if body is None:
                     body = server.default_body(rec)
                 data = body if isinstance(body, bytes) else json.dumps(body).encode()
+                with server._lock:  # counted before the write: a client never sees the reply
+                    server._answered += 1  # of a request the count does not hold yet
                 try:
                     self.send_response(plan.status)
                     self.send_header("Content-Type", plan.content_type)
@@ -191,6 +194,13 @@ class ScriptedServer:
     def count(self) -> int:
         with self._lock:
             return len(self.requests)
+
+    @property
+    def answered(self) -> int:
+        """Replies the server has sent or is sending; a request still held by its planned
+        delay is not answered yet (a client that timed out on it gave up first)."""
+        with self._lock:
+            return self._answered
 
     # -- lifecycle ------------------------------------------------------------------------
     def start(self) -> ScriptedServer:

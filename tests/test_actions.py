@@ -174,6 +174,7 @@ def actions(draw):
     return Action(kind)
 
 
+@pytest.mark.slow
 @settings(max_examples=1500, suppress_health_check=[HealthCheck.too_slow])
 @given(actions())
 def test_format_parse_round_trip(a):
@@ -195,6 +196,7 @@ def _fragments():
     )
 
 
+@pytest.mark.slow
 @settings(max_examples=3000, suppress_health_check=[HealthCheck.too_slow])
 @given(st.one_of(st.text(max_size=300), _fragments()))
 def test_fuzz_parse_never_raises(text):
@@ -214,6 +216,7 @@ def test_fuzz_parse_never_raises(text):
 
 @settings(max_examples=500)
 @given(coord, coord, coord, coord)
+@pytest.mark.slow
 def test_gesture_kind_matches_squared_distance(ty, tx, ly, lx):
     a = Action(ActionType.DUAL_POINT, (ty, tx), (ly, lx))
     g = to_gesture(a, W, H)

@@ -1,5 +1,6 @@
 """Android: the command layer, adb quoting, the emulator manager (fake SDK), and a real Appium
-server with Appium's fake driver (marked ``android``; skipped without node and .ci/node)."""
+server with Appium's fake driver (marked ``android``; without node and .ci/node they skip, and
+fail under CI=true)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+from needs import missing, optional_import
 from PIL import Image
 
 from digirl_lite.actions import Action, ActionType, Gesture, format_action, to_gesture
@@ -233,6 +235,7 @@ def test_missing_sdk_tools_fail_early_with_a_clear_message(tmp_path, monkeypatch
                                        appium=["no-such-appium-here"]))
 
 
+@pytest.mark.slow
 def test_emulator_manager_clones_resets_and_stops_only_its_own(tmp_path):
     sdk, appium, log = _fake_sdk(tmp_path)
     cfg = EmulatorConfig(avd="pixel", n=2, sdk_root=str(sdk), appium=[str(appium)],
@@ -305,6 +308,7 @@ def _wait_for(cond, what: str, timeout_s: float = 20.0) -> None:
 
 
 @pytest.mark.parametrize("mode", ["plain", "stubborn", "crashed"])
+@pytest.mark.slow
 def test_stopping_an_emulator_ends_the_process_group_it_started(tmp_path, mode):
     sdk, appium, _ = _fake_sdk(tmp_path)
     (sdk / "emulator" / "emulator").write_text(f"#!{sys.executable}\n{EMULATOR_TREE}")
@@ -351,8 +355,9 @@ APPIUM = NODE / "node_modules" / ".bin" / "appium"
 @pytest.fixture(scope="module")
 def appium_server():
     if shutil.which("node") is None or not APPIUM.exists():
-        pytest.skip("node or .ci/node (bash .ci/install_appium.sh) is missing")
-    pytest.importorskip("appium")
+        missing(f"node or {APPIUM} is missing (bash .ci/install_appium.sh installs Appium and "
+                "its fake driver)")
+    optional_import("appium")
     port = _free_port()
     env = {**os.environ, "APPIUM_HOME": str(NODE / "appium-home")}
     argv = [str(APPIUM), "--address", "127.0.0.1", "--port", str(port), "--log-level", "error"]
@@ -399,6 +404,7 @@ def _config(server, tmp_path, **kw) -> AndroidConfig:
 
 
 @pytest.mark.android
+@pytest.mark.slow
 def test_appium_session_screenshot_window_size_tap_swipe(appium_server, tmp_path):
     dev = AppiumDevice(_config(appium_server, tmp_path))
     try:
@@ -416,6 +422,7 @@ def test_appium_session_screenshot_window_size_tap_swipe(appium_server, tmp_path
 
 
 @pytest.mark.android
+@pytest.mark.slow
 def test_appium_reconnects_after_the_server_restarts(appium_server, tmp_path):
     dev = AppiumDevice(_config(appium_server, tmp_path, connect_retries=3))
     try:
@@ -433,6 +440,7 @@ def test_appium_reconnects_after_the_server_restarts(appium_server, tmp_path):
 
 
 @pytest.mark.android
+@pytest.mark.slow
 def test_android_env_on_the_fake_driver(appium_server, tmp_path):
     """A reset (a snapshot-style callable: the fake driver has no Home key) and a tap step
     judged on the screenshot, through the real server."""

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from needs import optional_import
 
 from digirl_lite.actions import Action, ActionType, format_action
 from digirl_lite.critics import (
@@ -112,17 +113,13 @@ def _offline(mp: pytest.MonkeyPatch) -> None:
     mp.setattr(socket.socket, "connect", refuse)
 
 
-@pytest.fixture(scope="module")
-def minilm():
-    """The real MiniLM, loaded offline (see :func:`_offline`)."""
-    with pytest.MonkeyPatch.context() as mp:
-        _offline(mp)
-        yield MiniLMEncoder(device="cpu")
+# minilm: the real MiniLM, loaded once per session with the network off (tests/conftest.py)
 
 
 # ----------------------------------------------------------------------------------------
 # Package and heads
 # ----------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_import_is_light_and_names_resolve_lazily():
     code = ("import sys, digirl_lite.critics as c; "
             "print([m for m in ('torch', 'transformers') if m in sys.modules]); "
@@ -261,6 +258,7 @@ def _image_toy(n: int, seed: int, text_dim: int = 8, img_dim: int = 6):
 
 
 @pytest.mark.parametrize("loss", ["ce", "mse"])
+@pytest.mark.slow
 def test_step_critic_separates_states_by_their_image(loss):
     torch.manual_seed(0)
     train, test = _image_toy(512, seed=1), _image_toy(512, seed=2)
@@ -454,8 +452,9 @@ def test_minilm_is_384d_deterministic_semantic_and_offline(minilm):
     assert sim[2, 3] > sim[2, 0] + 0.2 and sim[2, 3] > sim[2, 1] + 0.2
 
 
+@pytest.mark.slow
 def test_minilm_matches_sentence_transformers(minilm, monkeypatch):
-    st = pytest.importorskip("sentence_transformers")
+    st = optional_import("sentence_transformers")
     _offline(monkeypatch)
     model = st.SentenceTransformer(str(minilm_dir()), device="cpu")
     texts = ["Go to costco.com, search for \"bose soundsport free\"", "Go to ebay.com"]

@@ -54,6 +54,7 @@ def _worker(rank: int, port: int, out: str) -> None:
         tdist.destroy_process_group()
 
 
+@pytest.mark.slow  # two spawned processes: 5-10 s
 def test_collectives_keep_one_set_of_weights_on_gloo(tmp_path):
     """Process 0's weights everywhere after the broadcast; gradients averaged (not summed,
     not left alone) so both processes take the same steps on different data."""

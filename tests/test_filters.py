@@ -92,6 +92,7 @@ def _eq43_reference(values, rewards, lam):
     return out
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(
     st.integers(1, 20).flatmap(

@@ -7,6 +7,7 @@ import os
 
 import numpy as np
 import pytest
+from needs import optional_import
 
 from digirl_lite.actions import Action, ActionType, format_action
 from digirl_lite.data import Ending, ScreenTable
@@ -103,6 +104,7 @@ def test_fleet_names_and_factory():
 
 
 # -- asynchronous --------------------------------------------------------------------------
+@pytest.mark.slow
 def test_async_fleet_gives_the_sync_fleets_trajectories():
     sync = SyncFleet(CLEAN, 3).collect(expert(), TASKS, ScreenTable(), id_prefix="x", seed=4)
     with AsyncFleet(CLEAN, 3) as fleet:
@@ -116,6 +118,7 @@ def test_async_fleet_gives_the_sync_fleets_trajectories():
     assert fleet.stats.steps == sum(len(e.trajectory) for e in eps)
 
 
+@pytest.mark.slow
 def test_async_fleet_batches_whatever_is_ready():
     sizes = []
 
@@ -137,6 +140,7 @@ def test_async_fleet_batches_whatever_is_ready():
     assert min(sizes) == 1
 
 
+@pytest.mark.slow
 def test_take_returns_completed_trajectories_and_carries_the_rest():
     with AsyncFleet(CLEAN, 3) as fleet:
         fleet.start(expert(), itertools.cycle(TASKS), ScreenTable(), id_prefix="s")
@@ -207,6 +211,7 @@ def test_soak_async_with_faults_at_ten_percent_of_steps():
     assert s.episodes == n
 
 
+@pytest.mark.slow
 def test_soak_in_process_and_stream_loses_nothing():
     with AsyncFleet(FaultyFactory(0.10, in_process=True), 4) as fleet:
         fleet.start(expert(), itertools.cycle(TASKS), ScreenTable(), id_prefix="st")
@@ -223,7 +228,7 @@ def test_soak_in_process_and_stream_loses_nothing():
 @pytest.fixture(scope="module")
 def ray_cluster():
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # loopback only
-    ray = pytest.importorskip("ray")
+    ray = optional_import("ray")
     import sys
 
     # the actors cannot import this test module: ship its classes by value

@@ -101,6 +101,7 @@ class CountingJudge:
         return JudgeResult(self.answer, reply=f"Status: {self.answer.value}")
 
 
+@pytest.mark.slow
 def test_seen_recently_guard_remembers_five_screens_per_task():
     inner = CountingJudge()
     j = GuardedJudge(inner)
@@ -350,6 +351,7 @@ def test_unjudged_steps_keep_a_trajectory_out_of_training():
     assert buf.trajectories("all") == [] and buf.counts()["with_unjudged"] == 1
 
 
+@pytest.mark.slow
 def test_calibrate_cli_with_stored_verdicts(tmp_path, capsys):
     from digirl_lite.judge.__main__ import main
 

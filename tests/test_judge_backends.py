@@ -326,25 +326,29 @@ def test_http_errors(case, status, retryable):
 
 
 def test_timeout_is_retryable_and_fast(case):
-    case.server.sleep(2.0)
+    # the server holds its reply for 60 s (until teardown): without the 0.5 s timeout the call
+    # would wait for it and succeed; with it, the client gives up before the server answers
+    case.server.sleep(60.0)
     b = case.make(timeout_s=0.5)
-    t0 = time.monotonic()
     with pytest.raises(BackendError) as ei:
         b.generate(["x"])
-    elapsed = time.monotonic() - t0
-    assert elapsed < 1.8, f"took {elapsed:.2f}s: the 0.5 s timeout was not applied"
+    assert case.server.count == 1 and case.server.answered == 0, "the call did not time out"
+    assert re.search(r"time(d )?out", str(ei.value), re.IGNORECASE), str(ei.value)
     assert ei.value.retryable is True and ei.value.status is None
-    assert case.server.count == 1
     # the next call gets through (the backend is still usable)
     assert b.generate(["x"]).text.endswith("Status: success")
+    assert case.server.count == 2 and case.server.answered == 1
 
 
-def test_closed_port_is_retryable(case):
+def test_closed_port_is_retryable(case, monkeypatch):
+    # the clients back off with time.sleep between their own retries: none may happen (the
+    # judge retries, not the client), so a refused connection is one attempt and no sleep
+    sleeps = []
+    monkeypatch.setattr(time, "sleep", sleeps.append)
     b = case.make(port=closed_port(), timeout_s=5)
-    t0 = time.monotonic()
     with pytest.raises(BackendError) as ei:
         b.generate(["x"])
-    assert time.monotonic() - t0 < 3
+    assert sleeps == [], f"the client retried on its own after {sleeps}"
     assert ei.value.retryable is True and ei.value.status is None
 
 
@@ -381,7 +385,7 @@ def test_import_is_lazy():
 # the paper's judge, end to end through both backends
 # ---------------------------------------------------------------------------------------
 
-paper = pytest.importorskip("digirl_lite.judge.paper")
+import digirl_lite.judge.paper as paper  # noqa: E402 - a plain import: an error here fails
 
 SUCCESS_REPLY = ("Q: What should I expect to see on the screenshot if I've searched for "
                  "'weather'?\nA: I should expect to see the weather. The screenshot shows "
@@ -561,6 +565,7 @@ def test_paper_malformed_body_is_retried(kind, request, monkeypatch):
     assert server.count == 2
 
 
+@pytest.mark.slow
 def test_paper_guards_save_calls(case):
     case.server.reply(SUCCESS_REPLY)
     judge, _ = make_judge(case)

@@ -9,11 +9,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from needs import aitw_dir
 
 from digirl_lite.prompts import build_prompt, task_from_prompt
 
 ROOT = Path(__file__).resolve().parents[1]
-AITW = ROOT.parent / "shared" / "data" / "aitw_tasks"
 
 
 def test_import_is_light():
@@ -75,10 +75,10 @@ def test_prompt_format():
     assert task_from_prompt("no goal here") is None
 
 
-@pytest.mark.skipif(not AITW.is_dir(), reason="shared/data/aitw_tasks is not beside the repo")
+@pytest.mark.aitw
 def test_real_aitw_instructions_survive_the_prompt():
     n = 0
-    for f in sorted(AITW.glob("*.txt")):
+    for f in sorted(aitw_dir().glob("*.txt")):
         for line in f.read_text().splitlines():
             task = line.strip()
             if not task:

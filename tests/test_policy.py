@@ -51,6 +51,7 @@ def test_shipped_tokenizer_is_compact_and_exact():
     assert len(tok.encode("x " * 600, max_length=512)) == 512
 
 
+@pytest.mark.slow
 def test_tokenizer_training_is_deterministic():
     lines = sim_corpus(n_demos=20)
     a = train_sim_tokenizer(lines, vocab_size=11_000)
@@ -149,6 +150,7 @@ def test_act_is_batched_and_seeded():
         p.act([PROMPT] * 2, feats)
 
 
+@pytest.mark.slow
 def test_learning_fixed_triples_raises_likelihood_and_act_reproduces():
     torch.manual_seed(0)
     p = small(seed=2)

@@ -28,12 +28,12 @@ PRESETS = {"sim_webshop": sim_webshop, "sim_quick": sim_quick, "paper": DigiRLCo
 
 
 @pytest.fixture(scope="module")
-def tiny_dirs(tmp_path_factory):
-    """A tiny Auto-UI checkpoint reading 32-d image features, BLIP-2s of width 32 and 16,
-    and a RoBERTa of width 24."""
+def tiny_dirs(tmp_path_factory, tiny_blip2):
+    """A tiny Auto-UI checkpoint reading 32-d image features, BLIP-2s of width 32 (the
+    session's) and 16, and a RoBERTa of width 24."""
     root = tmp_path_factory.mktemp("tiny")
     return {"autoui": tiny_autoui_dir(root / "autoui", img_dim=32),
-            "blip2": tiny_blip2_dir(root / "blip2", hidden=32)[0],
+            "blip2": tiny_blip2[0],
             "blip2_16": tiny_blip2_dir(root / "blip2_16", hidden=16)[0],
             "roberta": tiny_roberta_dir(root / "roberta", hidden=24)}
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from needs import missing
 from PIL import Image
 
 from digirl_lite.report import build_report
@@ -22,15 +23,14 @@ RUN = ROOT / "data" / "fixtures" / "runs" / "digirl-seed0"
 
 
 @pytest.fixture(scope="module")
-def report(tmp_path_factory):
+def report(tmp_path_factory, minilm):
     """The fixture run's report, graded with its own checkpoint (the real MiniLM)."""
-    from digirl_lite.critics import MiniLMEncoder
-
     out = tmp_path_factory.mktemp("report")
-    grader = Grader.from_run(RUN, text_encoder=MiniLMEncoder(device="cpu"))
+    grader = Grader.from_run(RUN, text_encoder=minilm)
     return build_report(RUN, out, grader=grader, thumb_width=120)
 
 
+@pytest.mark.slow
 def test_report_shows_every_evaluation_trajectory_with_its_grades(report):
     page = report.read_text()
     run = Run(RUN)
@@ -58,6 +58,7 @@ def test_report_shows_every_evaluation_trajectory_with_its_grades(report):
         assert f"<td>{row['success_rate']:.3f}</td>" in page
 
 
+@pytest.mark.slow
 def test_report_cli_without_grades(tmp_path):
     out = subprocess.run([sys.executable, "-m", "digirl_lite.report", str(RUN), "--out",
                           str(tmp_path), "--no-grades", "--stages", "online",
@@ -72,6 +73,7 @@ def test_report_cli_without_grades(tmp_path):
     assert 'width="90"' in page
 
 
+@pytest.mark.slow
 def test_report_of_a_run_without_stored_trajectories(tmp_path):
     index = build_report(RUN.parent / "filtered_bc-seed0", tmp_path)
     page = index.read_text()
@@ -96,9 +98,10 @@ def _headless(*args: str) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.chromium
-@pytest.mark.skipif(_chromium() is None, reason="chromium is not installed "
-                    "(.ci/install_chromium.sh installs Debian's package)")
+@pytest.mark.slow
 def test_report_renders_in_headless_chromium(report, tmp_path):
+    if _chromium() is None:
+        missing("chromium is not installed (.ci/install_chromium.sh installs Debian's package)")
     page = report.read_text()
     n_img = len(re.findall(r"<img ", page))
     dom = _headless("--dump-dom", report.as_uri())

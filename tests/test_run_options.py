@@ -55,6 +55,7 @@ def test_cache_dir_defaults_to_the_user_cache_not_the_working_directory(tmp_path
     assert not (tmp_path / "runs").exists()
 
 
+@pytest.mark.slow  # a Trainer's whole run: 3 s
 def test_filtered_bc_trains_no_critics(tmp_path):
     """Filtered BC never reads the critics, so it spends no time on them."""
     t = Trainer(sim_quick(algorithm="filtered_bc", pile_size=4, eval_tasks=2, n_envs=2,

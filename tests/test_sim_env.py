@@ -114,6 +114,7 @@ def test_same_seeds_same_episodes():
     assert len({t for t, _ in a}) > 1  # several tasks were drawn
 
 
+@pytest.mark.slow
 def test_different_env_seed_changes_surprises():
     tasks = SimPhoneEnv("webshop_test").tasks[:20]
     a = _trace(0, 0, 20, tasks)
@@ -446,6 +447,7 @@ def test_expert_with_default_surprises_on_webshop_test():
     assert surprised > len(env.tasks) // 4  # surprises did happen and cost steps
 
 
+@pytest.mark.slow
 def test_copier_default_slip_rate_success_band():
     env = SimPhoneEnv("webshop_test")
     tasks = env.tasks[:96]
@@ -456,11 +458,13 @@ def test_copier_default_slip_rate_success_band():
 
 
 @pytest.mark.parametrize("task_set", ["webshop_test", "general_test"])
+@pytest.mark.slow
 def test_copier_without_slips_or_surprises_solves_everything(task_set):
     env = SimPhoneEnv(task_set, surprises=NONE)
     assert success_rate(env, Copier(slip_rate=0.0), env.tasks) == 1.0
 
 
+@pytest.mark.slow
 def test_copier_does_not_recover_from_a_popup_but_the_expert_does():
     popup = Surprises(popup=1.0, consent=0.0, voice=0.0, reorder=0.0, blank=0.0)
     env = SimPhoneEnv("webshop_test", surprises=popup)
@@ -549,6 +553,7 @@ def test_drift_changes_the_launcher_screenshot():
     assert again.screen_id == obs7.screen_id
 
 
+@pytest.mark.slow
 def test_expert_still_solves_general_tasks_on_day_7():
     env = SimPhoneEnv("general_test", day=7)
     assert success_rate(env, ScriptedExpert(), env.tasks[:40]) >= 0.95

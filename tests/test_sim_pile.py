@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from needs import aitw_file
 
 from digirl_lite.data import Ending, load_trajectories
 from digirl_lite.envs.sim import SimPhoneEnv
@@ -14,7 +15,6 @@ from digirl_lite.rollout import RECORD_SIZE
 from digirl_lite.rollout.pile import generate_demos, generate_pile
 
 ROOT = Path(__file__).resolve().parents[1]
-AITW = ROOT.parent / "shared" / "data" / "aitw_tasks"
 
 
 def _content(trajs):
@@ -24,6 +24,7 @@ def _content(trajs):
                s.mc_return, s.verdict) for s in t.steps]) for t in trajs]
 
 
+@pytest.mark.slow
 def test_pile_is_deterministic_in_its_seed():
     a, sa, stats_a = generate_pile("webshop", n=16, seed=3)
     b, sb, _ = generate_pile("webshop", n=16, seed=3)
@@ -37,6 +38,7 @@ def test_pile_is_deterministic_in_its_seed():
     assert {t.ending for t in a} <= {Ending.SUCCESS, Ending.AGENT_STOP, Ending.BUDGET}
 
 
+@pytest.mark.slow
 def test_pile_failures_come_mostly_from_surprises():
     trajs, _, stats = generate_pile("webshop", n=60, seed=0)
     failures = sum(not t.is_success for t in trajs)
@@ -54,6 +56,7 @@ def test_demos_are_clean_expert_successes():
         assert screens.image(sid).size == RECORD_SIZE
 
 
+@pytest.mark.slow
 def test_make_pile_recipe_writes_loadable_stores(tmp_path, monkeypatch):
     sys.path.insert(0, str(ROOT / "recipes"))
     try:
@@ -74,16 +77,17 @@ def test_make_pile_recipe_writes_loadable_stores(tmp_path, monkeypatch):
                         "--out", str(tmp_path)])
 
 
-@pytest.mark.skipif(not AITW.is_dir(), reason="shared/data/aitw_tasks is not beside the repo")
+@pytest.mark.aitw
 def test_real_aitw_lists_run_in_the_simulator():
-    env = SimPhoneEnv(AITW / "webshop_test.txt")
+    env = SimPhoneEnv(aitw_file("webshop_test.txt"))
     assert len(env.tasks) == 360
-    general = SimPhoneEnv(AITW / "general_test.txt", skip_unsupported=True)
+    general = SimPhoneEnv(aitw_file("general_test.txt"), skip_unsupported=True)
     assert 0.75 * 432 <= len(general.tasks) < 432
     obs, info = env.reset(seed=0)
     assert obs.task in {t.text for t in env.tasks}
 
 
+@pytest.mark.slow
 def test_varied_products_make_new_searchable_tasks():
     """Demonstrations on new products: the quoted product is replaced, the rest of the task
     kept, and the expert still solves them."""

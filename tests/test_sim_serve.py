@@ -17,6 +17,7 @@ import urllib.request
 
 import numpy as np
 import pytest
+from needs import optional_import
 from PIL import Image
 
 from digirl_lite.actions import (
@@ -41,7 +42,7 @@ from digirl_lite.envs.sim.serve import (
 from digirl_lite.envs.sim.world import find, is_success
 from digirl_lite.judge.guards import is_blank
 
-pytest.importorskip("appium")
+optional_import("appium")  # the android extra: a skip outside CI, a failure under CI=true
 from selenium.common.exceptions import (  # noqa: E402 - after the skip: needs the extra
     InvalidArgumentException,
     UnknownMethodException,
@@ -180,6 +181,7 @@ def test_gestures_change_the_screen_as_in_process():
     phone.close()
 
 
+@pytest.mark.slow
 def test_an_expert_over_the_wire_sees_the_same_pixels_as_in_process():
     """Same seed, same gestures, every surprise on and the blank-capture and latency faults
     drawing: the served phone and SimPhoneEnv draw identical screens at every step (the
@@ -209,6 +211,7 @@ def test_an_expert_over_the_wire_sees_the_same_pixels_as_in_process():
     assert blanks and surprises  # the faults and surprises did happen
 
 
+@pytest.mark.slow
 def test_android_env_episodes_match_sim_phone_env_with_blank_capture_retries():
     """Whole episodes through AndroidEnv (its blank-screen retries included) against
     SimPhoneEnv.step: same screenshots, same blank captures per step, the same
@@ -336,6 +339,7 @@ def test_latency_is_slept_in_gesture_calls():
         dev.quit()
 
 
+@pytest.mark.slow
 def test_a_crash_takes_the_phone_down_and_is_an_infrastructure_truncation():
     with SimPhoneServer(faults={"crash": 1.0}, crash_down_s=1.0) as server:
         env = AndroidEnv(config(server.url, connect_retries=2, retry_wait_s=0.05),

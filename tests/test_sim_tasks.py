@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
+from needs import aitw_file
 
 from digirl_lite.envs.sim.catalog import APPS, SITES
 from digirl_lite.envs.sim.tasks import (
@@ -29,9 +30,7 @@ RECIPE = ROOT / "recipes" / "make_task_sets.py"
 
 
 def _aitw(name: str) -> list[str]:
-    path = AITW / name
-    if not path.is_file():
-        pytest.skip(f"{path} is absent (the AitW lists live beside the repo in shared/)")
+    path = aitw_file(name)  # absent: a failure under CI=true, a skip saying where elsewhere
     return [line.strip() for line in path.read_text(encoding="utf-8").splitlines()
             if line.strip()]
 
@@ -49,6 +48,7 @@ def _recipe():
 
 
 @pytest.mark.parametrize("name", ["webshop_train.txt", "webshop_test.txt"])
+@pytest.mark.aitw
 def test_aitw_webshop_lines_parse_with_level_site_and_query(name):
     lines = _aitw(name)
     text = "\n".join(lines)
@@ -83,6 +83,7 @@ def _outcome(line: str) -> Task | None:
 
 
 @pytest.mark.parametrize("name", ["general_train.txt", "general_test.txt"])
+@pytest.mark.aitw
 def test_aitw_general_lines_parse_or_are_unsupported(name):
     lines = _aitw(name)
     tasks = [_outcome(line) for line in lines]
@@ -97,6 +98,7 @@ def test_aitw_general_lines_parse_or_are_unsupported(name):
     assert all(t.horizon == 10 and t.level == 0 and t.site is None for t in supported)
 
 
+@pytest.mark.aitw
 def test_aitw_general_test_first_96_supported_fraction():
     lines = _aitw("general_test.txt")[:96]
     n = sum(_outcome(line) is not None for line in lines)
@@ -126,6 +128,7 @@ def test_aitw_general_test_first_96_supported_fraction():
          "Show me some nice wallpapers for my tablet", None),
     ],
 )
+@pytest.mark.aitw
 def test_aitw_general_specific_lines(line, kind, query, app):
     both = _aitw("general_train.txt") + _aitw("general_test.txt")
     assert line in both  # a real line, not a paraphrase
@@ -154,6 +157,7 @@ def test_aitw_general_specific_lines(line, kind, query, app):
         ("Go to Reddit", ["site 'Reddit'", "costco.com", "newegg.com"]),
     ],
 )
+@pytest.mark.aitw
 def test_aitw_general_unsupported_lines_say_why(line, words):
     both = _aitw("general_train.txt") + _aitw("general_test.txt")
     assert line in both

@@ -637,6 +637,7 @@ def test_results_render_at_every_scroll():
                 assert img.size == (W, H)
 
 
+@pytest.mark.slow
 def test_shop_results_render_on_every_drift_day():
     r = Renderer(cache_size=0)
     for day in range(1, 15):

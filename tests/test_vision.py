@@ -27,7 +27,6 @@ from tiny_models import (  # noqa: E402
     TINY_IMAGE,
     save_blip2_processor,
     tiny_blip2_config,
-    tiny_blip2_dir,
 )
 
 
@@ -61,12 +60,8 @@ def test_unknown_attribute():
 # ---------------------------------------------------------------------------------------
 # BLIP-2 (a tiny random checkpoint saved like Salesforce/blip2-opt-2.7b)
 # ---------------------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def tiny_blip2(tmp_path_factory):
-    """(checkpoint dir, the Blip2Model it holds): the reference code's model class."""
-    return tiny_blip2_dir(tmp_path_factory.mktemp("blip2"))
-
-
+# tiny_blip2: (checkpoint dir, the Blip2Model it holds), the reference code's model class,
+# built once per session (tests/conftest.py)
 @pytest.fixture(scope="module")
 def blip(tiny_blip2):
     from digirl_lite.vision import Blip2Features
@@ -262,6 +257,7 @@ def test_sim_encoder_grid_is_the_cell_mean():
         np.testing.assert_allclose(got, ref, atol=atol)  # uint8 rounding of the small image
 
 
+@pytest.mark.slow
 def test_sim_encoder_projection_keeps_distances(sim_screens):
     enc = SimScreenEncoder()
     x = np.stack([enc.grid_features(s.image) for s in sim_screens])
@@ -272,6 +268,7 @@ def test_sim_encoder_projection_keeps_distances(sim_screens):
     assert 0.85 < ratio.min() and ratio.max() < 1.15  # measured 0.92 .. 1.09
 
 
+@pytest.mark.slow
 def test_sim_encoder_tells_screen_kinds_apart(sim_screens):
     labels = [s.label for s in sim_screens]
     assert {"launcher", "google_home", "shop_results", "shop_results+popup", "voice"} <= set(
@@ -300,6 +297,7 @@ def test_screen_label():
     assert screen_label(PhoneState(page=page, loading=True)) == "blank"
 
 
+@pytest.mark.slow
 def test_sim_encoder_popup_moves_features_more_than_a_query_change():
     r = popup_probe(SimScreenEncoder(), queries=("usb c cable", "dell xps 13"))
     assert r["popup"]["min"] > r["same_kind"]["max"]
@@ -309,6 +307,7 @@ def test_sim_encoder_popup_moves_features_more_than_a_query_change():
     assert r["same_kind"]["min"] > 0  # a query change is still visible
 
 
+@pytest.mark.slow
 def test_sim_encoder_sees_drift():
     r = drift_probe(SimScreenEncoder(), day_a=1, day_b=7)
     assert r["changed"] >= 10 and r["unchanged_max"] < 1e-4
@@ -478,5 +477,12 @@ def test_cache_on_simulated_episodes():
 
 
 def test_features_json_serialisable_summary():
-    r = loo_nn_accuracy(np.eye(3), ["a", "a", "b"])
-    json.dumps(r)  # the benchmark prints these dicts
+    """The benchmark prints these dicts: plain JSON values that survive a round trip."""
+    r = loo_nn_accuracy(np.eye(3), ["a", "a", "b"])  # "b" is alone: a neighbour, not scored
+    assert json.loads(json.dumps(r)) == {"accuracy": 1.0, "accuracy_all": 2 / 3, "n_scored": 2,
+                                         "n_screens": 3, "n_classes": 2, "confusions": []}
+    r = loo_nn_accuracy(np.array([[0.0], [1.0], [5.0], [6.0], [1.2]]), list("aabbb"))
+    assert all(type(v) in (int, float, list) for v in r.values()), r
+    assert json.loads(json.dumps(r)) == {"accuracy": 0.6, "accuracy_all": 0.6, "n_scored": 5,
+                                         "n_screens": 5, "n_classes": 2,
+                                         "confusions": [["a", "b", 1], ["b", "a", 1]]}

@@ -46,11 +46,7 @@ def _is_mark(px) -> bool:
     return all(abs(a - b) <= 30 for a, b in zip(px, ACTION_COLOR))
 
 
-@pytest.fixture(scope="module")
-def minilm():
-    from digirl_lite.critics import MiniLMEncoder
-
-    return MiniLMEncoder(device="cpu")
+# minilm: the real MiniLM text encoder, loaded once per session (tests/conftest.py)
 
 
 # ----------------------------------------------------------------------------------------
@@ -246,6 +242,7 @@ def test_grader_fills_missing_features_or_says_so(minilm):
     assert len(g["win"].values) == 4 and screens.has_features("s0")
 
 
+@pytest.mark.slow
 def test_grader_from_the_fixture_checkpoint(minilm):
     run = Run(RUN)
     grader = Grader.from_run(run, text_encoder=minilm)
@@ -313,6 +310,7 @@ def test_step_views_filmstrip_and_html(minilm):
 # ----------------------------------------------------------------------------------------
 # Learning curves
 # ----------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_learning_curves_plot_every_run_and_the_seed_mean():
     runs = load_runs(FIXTURES)
     fig = plot_learning_curves(runs)
@@ -334,6 +332,7 @@ def test_learning_curves_plot_every_run_and_the_seed_mean():
 # ----------------------------------------------------------------------------------------
 # Re-grading with another judge
 # ----------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_replay_reproduces_the_stored_screens_and_oracle_verdicts():
     trajs, screens = Run(RUN).eval_trajectories("copier")
     states = replay_states(trajs[0])
