@@ -161,6 +161,10 @@ def test_killed_at_random_moments_the_run_resumes_to_the_same_store(tmp_path):
     got = _store_ids(out)
     assert len(got) == len(set(got))
     assert sorted(got) == want
+    # every screen a stored step names was stored with it (none lost to a kill)
+    trajs, screens = TrajectoryStore.open(out / "store").load(with_images=False)
+    named = {sid for t in trajs for s in t.steps for sid in (s.screen_id, s.next_screen_id)}
+    assert named <= set(screens.ids)
     summary = json.loads((out / "summary.json").read_text())
     assert set(summary["stages"]) == {"copier", "offline", "online-1", "online"}
     for stage in ("copier", "offline", "online-1", "online"):
