@@ -59,7 +59,7 @@ def test_collectives_keep_one_set_of_weights_on_gloo(tmp_path):
     """Process 0's weights everywhere after the broadcast; gradients averaged (not summed,
     not left alone) so both processes take the same steps on different data."""
     mp.spawn(_worker, args=(_free_port(), str(tmp_path)), nprocs=2, join=True)
-    r0, r1 = (torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in (0, 1))
+    r0, r1 = (torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in (0, 1))
     assert r0["before"] == r1["before"]
     assert r0["after"] == r1["after"] != r0["before"]
     assert not torch.equal(r0["grad_here"], r1["grad_here"])  # the data differ ...
