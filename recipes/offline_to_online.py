@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 from digirl_lite.train.cli import cache_dir_of, config_from_args, print_table, run_parser
-from digirl_lite.train.config import ConfigError, DigiRLConfig
+from digirl_lite.train.config import ConfigError, with_algorithm
 from digirl_lite.train.trainer import RunStopped, Trainer
 
 
@@ -33,8 +33,7 @@ def main(argv: list[str] | None = None) -> dict:
     cfg = config_from_args(args)
     runs = [(cfg.algorithm, cfg, Path(args.out))]
     if args.filtered_bc and cfg.algorithm != "filtered_bc":
-        runs.append(("filtered_bc", DigiRLConfig.from_dict({**cfg.as_dict(),
-                                                            "algorithm": "filtered_bc"}),
+        runs.append(("filtered_bc", with_algorithm(cfg, "filtered_bc"),
                      Path(args.out) / "filtered_bc"))
     results = {}
     for name, c, out in runs:

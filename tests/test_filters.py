@@ -185,6 +185,25 @@ def test_awr_weights_and_ess():
         awr_weights(AWR_A, beta=0.0)
 
 
+def test_awr_cap_at_20_as_the_reference_awr():
+    """AWR's reference code clips the weight at 20 (the default ``awr_max_weight``): the
+    spec's vector is untouched for beta >= 0.2 (max A / beta = 2.5 < ln 20), but at
+    beta = 0.05 three steps hit the cap: the best step's share falls from 0.981 to
+    20 / (60 + e + 1 + e^-2 + e^-6 + e^-9) = 0.313, the ESS rises from 1.04 to 3.37."""
+    for beta in (1.0, 0.2, 2.0):
+        np.testing.assert_allclose(awr_weights(AWR_A, beta, 20.0), awr_weights(AWR_A, beta))
+    w = awr_weights(AWR_A, beta=0.05, max_weight=20.0)
+    np.testing.assert_allclose(w[:3], 20.0)
+    assert w.max() / w.sum() == pytest.approx(0.313, abs=5e-4)
+    assert effective_sample_size(w) == pytest.approx(3.37, abs=5e-3)
+    # a tiny beta: capped weights never overflow; uncapped ones say so
+    assert awr_weights([1.0, -1.0], beta=1e-4, max_weight=20.0).tolist() == [20.0, 0.0]
+    with pytest.raises(ValueError, match="max_weight"):
+        awr_weights([1.0], beta=1e-4)
+    with pytest.raises(ValueError, match="max_weight"):
+        awr_weights([1.0], beta=1.0, max_weight=0.0)
+
+
 def test_torch_inputs_with_grad_are_accepted():
     v = torch.tensor(V_SUCCESS, requires_grad=True)
     a = step_advantage(v, torch.tensor(R_SUCCESS, dtype=torch.float32))
@@ -202,5 +221,9 @@ def test_step_grades_dispatches_to_the_chosen_step_filter():
     a2, keep2 = filters.step_grades(v, r, mc, horizon=10, step_filter="released")
     np.testing.assert_allclose(a2, filters.step_advantage_released(v[:-1], v[1:], r, mc))
     np.testing.assert_array_equal(keep2, a2 > 0)
+    # "none": Eq. 4.3's grades, every step kept (the voice-input mistake included)
+    a3, keep3 = filters.step_grades(V_SUCCESS, R_SUCCESS, [0.0] * 6, 10, step_filter="none")
+    np.testing.assert_allclose(a3, step_advantage(V_SUCCESS, R_SUCCESS))
+    assert keep3.all() and a3[2] < 0
     with pytest.raises(ValueError, match="step_filter"):
         filters.step_grades(v, r, mc, horizon=10, step_filter="ppo")

@@ -87,14 +87,14 @@ def test_select_steps_filtered_bc_and_digirl(tiny_cfg, tmp_path):
     fbc = _trainer(DigiRLConfig.from_dict({**tiny_cfg.as_dict(),
                                            "algorithm": "filtered_bc"}), tmp_path, "fbc")
     fbc.screens = t.screens
-    steps, kept = fbc.select_steps(trajs, instruction_filter=True)
+    steps, _, kept = fbc.select_steps(trajs, "top_p")
     assert kept["kept_trajectories"] == len(wins)
     assert len(steps) == sum(len(x) for x in wins)  # every step of every success
-    steps, kept = t.select_steps(trajs, instruction_filter=True)
+    steps, _, kept = t.select_steps(trajs, "top_p")
     assert 0 < kept["kept_trajectories"] <= len(trajs)
     assert all(s.action.is_valid for s in steps)
     # offline: every success, with the step filter (a subset of their steps)
-    steps_off, kept_off = t.select_steps(trajs, instruction_filter=False)
+    steps_off, _, kept_off = t.select_steps(trajs, "successes")
     assert kept_off["kept_trajectories"] == len(wins)
     ids = {(x.traj_id, i) for x in wins for i in range(len(x))}
     assert len(steps_off) <= len(ids)

@@ -23,8 +23,13 @@ def steps_to_batch(steps: Sequence[Step], screens: ScreenTable):
 
 
 def mle_update(policy, opt, steps: Sequence[Step], screens: ScreenTable,
-               grad_clip: float | None, accelerator=None, accum: int = 1) -> float:
+               grad_clip: float | None, accelerator=None, accum: int = 1,
+               weights=None) -> float:
     """Eq. 4.2: one maximum-likelihood update on ``steps`` (mean over steps); returns the loss.
+
+    ``weights`` ((B,) non-negative, not all 0; None: all equal): the loss is the weighted
+    mean sum(w * -log p) / sum(w), so each step counts by its share of the batch's weight
+    (Eq. 4.1's AWR weights; weights 1 and 0 are Eq. 4.2's hard filter).
 
     With an Accelerate ``accelerator``: its backward (mixed precision), and under
     ``accelerate launch`` with several processes the gradients are averaged across them
@@ -33,22 +38,33 @@ def mle_update(policy, opt, steps: Sequence[Step], screens: ScreenTable,
     released code's gradient accumulation: the same update in less memory).
     """
     return text_mle_update(policy, opt, *steps_to_batch(steps, screens), grad_clip,
-                           accelerator, accum)
+                           accelerator, accum, weights)
 
 
 def text_mle_update(policy, opt, prompts: Sequence[str], feats, actions: Sequence[str],
-                    grad_clip: float | None, accelerator=None, accum: int = 1) -> float:
+                    grad_clip: float | None, accelerator=None, accum: int = 1,
+                    weights=None) -> float:
     """:func:`mle_update` on prompts, image features and target strings directly."""
+    n = len(prompts)
+    w = None
+    if weights is not None:
+        w = torch.as_tensor(weights, dtype=torch.float64).reshape(-1)
+        if len(w) != n or not bool(torch.isfinite(w).all()) or bool((w < 0).any()) \
+                or float(w.sum()) <= 0:
+            raise ValueError(f"weights must be {n} finite non-negative numbers, not all 0")
+        w = w / w.sum()  # each step's share: the loss is sum(share * -log p)
     policy.model.train()
     opt.zero_grad()
-    n = len(prompts)
     bounds = [round(i * n / accum) for i in range(accum + 1)] if accum > 1 else [0, n]
     total = 0.0
     for a, b in zip(bounds, bounds[1:]):
         if b <= a:
             continue
         lp = policy.log_prob(list(prompts[a:b]), feats[a:b], list(actions[a:b]))
-        loss = -lp.mean() if b - a == n else -lp.sum() / n
+        if w is not None:
+            loss = -(w[a:b].to(device=lp.device, dtype=lp.dtype) * lp).sum()
+        else:
+            loss = -lp.mean() if b - a == n else -lp.sum() / n
         if accelerator is None:
             loss.backward()
         else:

@@ -14,10 +14,17 @@ from typing import Any
 
 from digirl_lite.errors import ConfigError
 
-__all__ = ["ConfigError", "DigiRLConfig", "load_config", "sim_webshop", "sim_quick"]
+__all__ = ["ConfigError", "DigiRLConfig", "load_config", "sim_webshop", "sim_quick",
+           "with_algorithm"]
 
-ALGORITHMS = ("digirl", "filtered_bc")
-STEP_FILTERS = ("paper", "released")
+ALGORITHMS = ("digirl", "filtered_bc", "awr")
+STEP_FILTERS = ("paper", "released", "none")  # digirl_lite.filters.STEP_FILTERS
+#: fields an algorithm does not read; set away from their defaults, they are an error
+#: (an ablation that would silently change nothing). :func:`with_algorithm` resets them.
+UNREAD = {"digirl": ("awr_beta", "awr_max_weight"),
+          "filtered_bc": ("instruction_filter", "step_filter", "critic_loss", "awr_beta",
+                          "awr_max_weight"),
+          "awr": ()}
 
 
 @dataclass
@@ -29,7 +36,11 @@ class DigiRLConfig:
     seed: int = 0
     """Seeds everything: task draws, environments, sampling, initialisation."""
     algorithm: str = "digirl"
-    """"digirl" (Eq. 4.3 + 4.4 filters) or "filtered_bc" (successes only, every step)."""
+    """"digirl" (the paper: Eq. 4.4, then Eq. 4.3's hard step filter, then Eq. 4.2's
+    maximum likelihood), "filtered_bc" (the paper's baseline: trajectories whose reward is
+    in the top ``top_p``, i.e. every success, every step; no critics) or "awr" (the paper's
+    Eq. 4.1 ablation: the steps of the trajectories Eq. 4.4 keeps, each weighted by
+    exp(A / ``awr_beta``) instead of kept or dropped)."""
     judge: dict[str, Any] = field(default_factory=lambda: {"judge": "oracle"})
     """Judge config (digirl_lite.envs.judges.make_judge); default: the simulator's oracle."""
     n_envs: int = 16
@@ -152,15 +163,37 @@ class DigiRLConfig:
     critic_lr: float = 1e-4
     """Released default 1e-4."""
     critic_loss: str = "ce"
-    """"ce" (paper) or "mse" (ablation)."""
+    """"ce" (paper) or "mse" (ablation; the paper: CE ~12% better). Filtered BC trains no
+    critic, so only the default is allowed with it."""
     critic_init_value: float | None = 0.1
     """Start both critics' outputs at this value (Darwin A.6); None for a plain init."""
     top_p: float = 0.1
     """Eq. 4.4: keep the top 10% of trajectories by instruction advantage."""
     lam: float = 0.5
     """Eq. 4.3's lambda (paper: 0.5)."""
+    instruction_filter: bool = True
+    """Eq. 4.4 in the online iterations (paper: on): the top ``top_p`` of the buffer's
+    trajectories by instruction advantage go to the step filter. False (ablation; the paper:
+    the curriculum learns ~25% faster): every usable trajectory of the buffer does, failures
+    included. The offline phase never uses it, as in the paper (spec section 6: every
+    success of the pile), whatever this says. Not read by Filtered BC, whose reward filter
+    is its own (only the default is allowed)."""
     step_filter: str = "paper"
-    """"paper" (Eq. 4.3, keep A > 1/H) or "released" (the released code's grade > 0)."""
+    """"paper" (Eq. 4.3, keep A > 1/H), "released" (the released code's grade > 0) or
+    "none" (ablation: every step of a kept trajectory; the paper: step-level grades ~12%
+    more sample-efficient). Under "awr", the advantage that is weighted ("none" is refused:
+    there would be none). Not read by Filtered BC (only the default is allowed)."""
+    awr_beta: float = 1.0
+    """Eq. 4.1's temperature (algorithm "awr" only). The paper gives no value; 1.0 is AWR's
+    own (Peng et al. 2019, arXiv 1910.00177: ``temp=1.0`` in its reference code) and the
+    first of spec section 6's worked values: on its 8-step example the best step carries
+    0.194 of the weight, effective sample size 7.39 of 8 (0.2: 0.554, 2.75; 0.05: 0.981,
+    1.04; the hard filter at 0.1: 3.0). Unlike Peng et al., A is not standardised: Eq. 4.1
+    as written, on Eq. 4.3's advantage (or the released grade, per ``step_filter``)."""
+    awr_max_weight: float | None = 20.0
+    """Cap on each AWR weight exp(A / beta) (algorithm "awr" only; AWR's reference code
+    clips at 20). With A <= 1 it binds only for ``awr_beta`` < 1 / ln 20 = 0.33. None: no
+    cap. Weights are used as shares of their minibatch (a weighted mean of -log p)."""
     actor_updates: int = 20
     """Actor (MLE) updates per iteration (paper: 20)."""
     actor_batch: int = 128
@@ -183,9 +216,25 @@ class DigiRLConfig:
         if self.algorithm not in ALGORITHMS:
             raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {self.algorithm!r}")
         if self.step_filter not in STEP_FILTERS:
-            raise ValueError(f"step_filter must be one of {STEP_FILTERS}")
+            raise ValueError(f"step_filter must be one of {STEP_FILTERS}, "
+                             f"got {self.step_filter!r}")
         if self.critic_loss not in ("ce", "mse"):
-            raise ValueError("critic_loss must be 'ce' or 'mse'")
+            raise ValueError(f"critic_loss must be 'ce' or 'mse', got {self.critic_loss!r}")
+        if not 0 < self.awr_beta < float("inf"):
+            raise ValueError(f"awr_beta must be positive, got {self.awr_beta}")
+        if self.awr_max_weight is not None and not 0 < self.awr_max_weight < float("inf"):
+            raise ValueError(f"awr_max_weight must be positive or None, got "
+                             f"{self.awr_max_weight}")
+        if self.algorithm == "awr" and self.step_filter == "none":
+            raise ValueError("step_filter='none' with algorithm='awr': AWR weights steps by "
+                             "their advantage; use step_filter 'paper' or 'released'")
+        defaults = {f.name: f.default for f in fields(self)}
+        for name in UNREAD[self.algorithm]:
+            if getattr(self, name) != defaults[name]:
+                raise ValueError(
+                    f"{name}={getattr(self, name)!r} has no effect with algorithm="
+                    f"{self.algorithm!r}: leave it at {defaults[name]!r} (with_algorithm() "
+                    "resets what another algorithm does not read)")
         from digirl_lite.rollout.factory import FLEETS
 
         if self.fleet not in FLEETS:
@@ -305,6 +354,18 @@ def _check_types(cfg: DigiRLConfig) -> None:
             raise ValueError(f"{f.name} must be {name}, got {v!r} ({type(v).__name__})")
         if hint is float and isinstance(v, int):
             setattr(cfg, f.name, float(v))
+
+
+def with_algorithm(cfg: DigiRLConfig, algorithm: str) -> DigiRLConfig:
+    """``cfg`` with another ``algorithm`` (e.g. the Filtered BC arm beside a DigiRL run),
+    the fields it does not read (:data:`UNREAD`) back at their defaults."""
+    if algorithm not in ALGORITHMS:
+        raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
+    defaults = {f.name: f.default for f in fields(DigiRLConfig)}
+    d = {**cfg.as_dict(), "algorithm": algorithm}
+    if algorithm == "awr" and d["step_filter"] == "none":
+        d["step_filter"] = defaults["step_filter"]
+    return DigiRLConfig.from_dict({**d, **{k: defaults[k] for k in UNREAD[algorithm]}})
 
 
 def sim_webshop(**overrides: Any) -> DigiRLConfig:

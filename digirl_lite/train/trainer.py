@@ -555,40 +555,69 @@ class Trainer:
         return {"step_critic_loss": round(s_loss, 4), "instr_critic_loss": round(i_loss, 4)}
 
     # -- filters --------------------------------------------------------------------------
-    def select_steps(self, trajs: Sequence[Trajectory], instruction_filter: bool
-                     ) -> tuple[list[Step], dict[str, Any]]:
-        """The actor's data: Filtered BC (successes, every step) or DigiRL (Eq. 4.4 over
-        ``trajs`` when ``instruction_filter``, then Eq. 4.3 per step)."""
+    def select_steps(self, trajs: Sequence[Trajectory], trajectories: str = "top_p"
+                     ) -> tuple[list[Step], np.ndarray | None, dict[str, Any]]:
+        """The actor's data (spec section 6): steps, their weights, and counts for the log.
+
+        ``trajectories`` picks the trajectories: "top_p" (the online iterations: Eq. 4.4's
+        top ``top_p`` by instruction advantage; Filtered BC: rewards >= their 1 - ``top_p``
+        quantile, i.e. every success), "successes" (the offline phase: every success of the
+        pile) or "all" (every usable one: the ``instruction_filter=False`` ablation). Their
+        steps: Filtered BC keeps all; DigiRL keeps those ``step_filter`` keeps (Eq. 4.3, the
+        released grade, or all for "none"); AWR keeps all, weighted by Eq. 4.1's
+        exp(A / ``awr_beta``) (capped at ``awr_max_weight``). Only valid actions are kept.
+        The weights ((N,), None except for AWR) go to :meth:`train_actor`.
+        """
         from digirl_lite.critics.data import critic_values_many, instruction_values
 
+        if trajectories not in ("top_p", "successes", "all"):
+            raise ValueError(f"trajectories must be 'top_p', 'successes' or 'all', got "
+                             f"{trajectories!r}")
         c = self.cfg
         usable = [t for t in trajs if t.is_usable and t.steps]
         if not usable:
-            return [], {"kept_trajectories": 0, "kept_steps": 0}
+            return [], None, {"kept_trajectories": 0, "kept_steps": 0}
         r = np.array([t.final_reward for t in usable])
-        if c.algorithm == "filtered_bc":
-            keep_t = filters.filtered_bc_keep(r, p=c.top_p) if instruction_filter else r > 0
-            kept = [t for t, k in zip(usable, keep_t) if k]
-            steps = [s for t in kept for s in t.steps if s.action.is_valid]
-            return steps, {"kept_trajectories": len(kept), "kept_steps": len(steps)}
-        if instruction_filter:
+        if trajectories == "successes":
+            keep_t = r > 0
+        elif trajectories == "all":
+            keep_t = np.ones(len(usable), dtype=bool)
+        elif c.algorithm == "filtered_bc":
+            keep_t = filters.filtered_bc_keep(r, p=c.top_p)
+        else:
             with torch.no_grad():
                 v_i = instruction_values(usable, self.text, self.instr_critic)
-            a_i = filters.instruction_advantage(r, v_i)
-            kept = [t for t, k in zip(usable, filters.keep_top_fraction(a_i, c.top_p)) if k]
-        else:
-            kept = [t for t in usable if t.is_success]
+            keep_t = filters.keep_top_fraction(filters.instruction_advantage(r, v_i), c.top_p)
+        kept = [t for t, k in zip(usable, keep_t) if k]
+        if c.algorithm == "filtered_bc" or not kept:
+            every = [s for t in kept for s in t.steps if s.action.is_valid]
+            return every, None, {"kept_trajectories": len(kept), "kept_steps": len(every)}
         steps: list[Step] = []
-        if kept:
-            with torch.no_grad():
-                values = critic_values_many(kept, self.screens, self.text, self.step_critic)
-            for t, v in zip(kept, values):
-                _, keep = filters.step_grades(v, t.rewards, [s.mc_return for s in t.steps],
-                                              t.horizon, c.step_filter, c.lam)
-                steps += [s for s, k in zip(t.steps, keep) if k and s.action.is_valid]
-        return steps, {"kept_trajectories": len(kept), "kept_steps": len(steps)}
+        grades: list[float] = []
+        with torch.no_grad():
+            values = critic_values_many(kept, self.screens, self.text, self.step_critic)
+        for t, v in zip(kept, values):
+            a, keep = filters.step_grades(v, t.rewards, [s.mc_return for s in t.steps],
+                                          t.horizon, c.step_filter, c.lam)
+            if c.algorithm == "awr":  # Eq. 4.1: every step, weighted
+                keep = np.ones(len(a), dtype=bool)
+            for s, k, g in zip(t.steps, keep, a):
+                if k and s.action.is_valid:
+                    steps.append(s)
+                    grades.append(float(g))
+        info: dict[str, Any] = {"kept_trajectories": len(kept), "kept_steps": len(steps)}
+        if c.algorithm != "awr" or not steps:
+            return steps, None, info
+        w = filters.awr_weights(grades, c.awr_beta, c.awr_max_weight)
+        info["awr_ess"] = round(filters.effective_sample_size(w), 2)
+        if c.awr_max_weight is not None:
+            info["awr_capped"] = int(np.sum(w >= c.awr_max_weight))
+        return steps, w, info
 
-    def train_actor(self, steps: Sequence[Step], updates: int) -> float:
+    def train_actor(self, steps: Sequence[Step], updates: int,
+                    weights: np.ndarray | None = None) -> float:
+        """``updates`` maximum-likelihood updates on minibatches of ``steps`` drawn
+        uniformly; with ``weights`` (AWR) each minibatch's loss is their weighted mean."""
         if not steps or updates <= 0:
             return float("nan")
         loss = float("nan")
@@ -596,7 +625,7 @@ class Trainer:
             idx = self.rng.integers(0, len(steps), self.cfg.actor_batch)
             loss = mle_update(self.policy, self.actor_opt, [steps[i] for i in idx],
                               self.screens, self.cfg.actor_grad_clip, self.accelerator,
-                              self.cfg.grad_accum)
+                              self.cfg.grad_accum, None if weights is None else weights[idx])
         return round(loss, 4)
 
     # -- stages ---------------------------------------------------------------------------
@@ -607,10 +636,10 @@ class Trainer:
             self.text.get(sorted({t.task for t in pile}))
         crit = self._timed("offline_critics", lambda: self.train_critics(
             c.offline_critic_updates))
-        steps, kept = self._timed("offline_filter", lambda: self.select_steps(
-            self.buffer.trajectories("train"), instruction_filter=False))
+        steps, weights, kept = self._timed("offline_filter", lambda: self.select_steps(
+            self.buffer.trajectories("train"), "successes"))  # spec: offline, every success
         loss = self._timed("offline_actor", lambda: self.train_actor(
-            steps, c.offline_actor_updates))
+            steps, c.offline_actor_updates, weights))
         self.log(stage="offline", **crit, **kept, actor_loss=loss)
 
     def _bound_memory(self) -> dict[str, int]:
@@ -646,9 +675,9 @@ class Trainer:
         self._bound_memory()
         self.online_trajectories += len(collected)
         crit = self._timed("critics", lambda: self.train_critics(c.critic_updates))
-        steps, kept = self._timed("filter", lambda: self.select_steps(
-            self.buffer.trajectories("train"), instruction_filter=True))
-        loss = self._timed("actor", lambda: self.train_actor(steps, c.actor_updates))
+        steps, weights, kept = self._timed("filter", lambda: self.select_steps(
+            self.buffer.trajectories("train"), "top_p" if c.instruction_filter else "all"))
+        loss = self._timed("actor", lambda: self.train_actor(steps, c.actor_updates, weights))
         self.iteration, self.phase = k, "online"
         self._timed("checkpoint", self.save_checkpoint)
         wins = float(np.mean([t.is_success for t in collected])) if collected else 0.0

@@ -67,10 +67,11 @@ class Grader:
         step_critic: a :class:`~digirl_lite.critics.StepCritic`.
         instr_critic: an :class:`~digirl_lite.critics.InstructionCritic`.
         text: the embedding cache of the critics' text encoder.
-        algorithm: ``"digirl"`` or ``"filtered_bc"`` (the run's ``algorithm``).
+        algorithm: ``"digirl"``, ``"filtered_bc"`` or ``"awr"`` (the run's ``algorithm``;
+            AWR keeps every valid step of a kept trajectory, weighted by its grade).
         lam: Eq. 4.3's lambda (the run's ``lam``; paper 0.5).
         top_p: Eq. 4.4's kept fraction (the run's ``top_p``; paper 0.1).
-        step_filter: ``"paper"`` or ``"released"`` (the run's ``step_filter``).
+        step_filter: ``"paper"``, ``"released"`` or ``"none"`` (the run's ``step_filter``).
         image_encoder: fills in features of screens stored without them (an
             :class:`~digirl_lite.vision.ImageEncoder`); None: such screens raise.
     """
@@ -79,10 +80,12 @@ class Grader:
                  text: EmbeddingCache, *, algorithm: str = "digirl", lam: float = filters.GAMMA,
                  top_p: float = 0.1, step_filter: str = "paper", image_encoder: Any = None
                  ) -> None:
-        if algorithm not in ("digirl", "filtered_bc"):
-            raise ValueError(f"algorithm must be 'digirl' or 'filtered_bc', got {algorithm!r}")
-        if step_filter not in ("paper", "released"):
-            raise ValueError(f"step_filter must be 'paper' or 'released', got {step_filter!r}")
+        if algorithm not in ("digirl", "filtered_bc", "awr"):
+            raise ValueError(f"algorithm must be 'digirl', 'filtered_bc' or 'awr', got "
+                             f"{algorithm!r}")
+        if step_filter not in filters.STEP_FILTERS:
+            raise ValueError(f"step_filter must be one of {filters.STEP_FILTERS}, got "
+                             f"{step_filter!r}")
         self.step_critic, self.instr_critic, self.text = step_critic, instr_critic, text
         self.algorithm, self.lam, self.top_p = algorithm, lam, top_p
         self.step_filter = step_filter
@@ -183,7 +186,7 @@ class Grader:
         for i, (t, v) in enumerate(zip(trajs, values)):
             a, step_ok = filters.step_grades(v, t.rewards, [s.mc_return for s in t.steps],
                                              t.horizon, self.step_filter, self.lam)
-            if self.algorithm == "filtered_bc":
+            if self.algorithm in ("filtered_bc", "awr"):  # AWR weights, drops none
                 step_ok = np.ones(len(t.steps), dtype=bool)
             valid = np.array([s.action.is_valid for s in t.steps])
             out[t.traj_id] = TrajectoryGrade(
