@@ -103,10 +103,12 @@ class AsyncFleet(_DeviceFleet):
         id_prefix: str, source: Source = Source.ONLINE, iteration: int = -1,
         seed: int = 0, record_size: tuple[int, int] | None = RECORD_SIZE,
         on_step: Callable[[int, Observation], None] | None = None,
+        reset_options: dict[str, Any] | None = None,
     ) -> list[Episode]:
         """Run every task once; returns episodes in task order (as :class:`SyncFleet`)."""
         self.start(agent, tasks, screens, id_prefix=id_prefix, source=source,
-                   iteration=iteration, seed=seed, record_size=record_size, on_step=on_step)
+                   iteration=iteration, seed=seed, record_size=record_size, on_step=on_step,
+                   reset_options=reset_options)
         try:
             self._finished.wait()
             self._raise_if_failed()
@@ -120,19 +122,21 @@ class AsyncFleet(_DeviceFleet):
         id_prefix: str, source: Source = Source.ONLINE, iteration: int = -1,
         seed: int = 0, record_size: tuple[int, int] | None = RECORD_SIZE,
         on_step: Callable[[int, Observation], None] | None = None,
+        reset_options: dict[str, Any] | None = None,
     ) -> None:
         """Start collecting in the background; ``tasks`` may be endless (an iterator).
 
         Task ``k`` (in ``tasks`` order) gets trajectory id ``{id_prefix}-{k:05d}`` and env
-        seed ``seed + k``. ``agent=None``: the devices choose their actions themselves
-        (devices with ``act_and_step``, e.g. the Ray fleet's ``worker_agent``).
+        seed ``seed + k``; ``reset_options`` go to every reset. ``agent=None``: the devices
+        choose their actions themselves (devices with ``act_and_step``, e.g. the Ray fleet's
+        ``worker_agent``).
         """
         if self._loop is not None:
             raise RuntimeError("this fleet is already collecting: stop() first")
         self._agent = agent
         self._rec = _Recording(screens, id_prefix=id_prefix, source=source,
                                iteration=iteration, seed=seed, record_size=record_size,
-                               on_step=on_step)
+                               on_step=on_step, reset_options=reset_options)
         self._tasks = enumerate(tasks)
         self._task_lock = threading.Lock()
         self._events: queue.Queue = queue.Queue()
@@ -201,7 +205,8 @@ class AsyncFleet(_DeviceFleet):
         box = self._boxes[device.slot]
         while (item := self._next_task()) is not None:
             k, task = item
-            outcome = reset_device(device, self._faults, task, self._rec.seed + k)
+            outcome = reset_device(device, self._faults, task, self._rec.seed + k,
+                                   self._rec.reset_options)
             self._events.put(("reset", device.slot, (k, task, outcome)))
             while True:
                 msg = box.get()

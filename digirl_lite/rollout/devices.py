@@ -22,7 +22,7 @@ from PIL import Image
 from digirl_lite.envs.base import Observation
 from digirl_lite.rollout.episode import RECORD_SIZE
 
-__all__ = ["Device", "DeviceError", "LocalDevice", "ProcessDevice", "shrink_obs"]
+__all__ = ["Device", "DeviceError", "LocalDevice", "ProcessDevice", "reset_env", "shrink_obs"]
 
 
 class DeviceError(RuntimeError):
@@ -32,8 +32,10 @@ class DeviceError(RuntimeError):
 class Device(Protocol):
     slot: int
 
-    def reset(self, task: Any, seed: int | None) -> tuple[Observation, int]:
-        """Start an episode; returns (observation, step budget H)."""
+    def reset(self, task: Any, seed: int | None,
+              options: dict[str, Any] | None = None) -> tuple[Observation, int]:
+        """Start an episode (``options``: the environment's reset options); returns
+        (observation, step budget H)."""
 
     def step(self, action_text: str) -> tuple[Observation, float, bool, bool, dict]:
         """One environment step (the :class:`~digirl_lite.envs.base.Env` return value)."""
@@ -51,6 +53,14 @@ def shrink_obs(obs: Observation, size: tuple[int, int] | None) -> Observation:
     return replace(obs, screenshot=obs.screenshot.resize(size, Image.BILINEAR))
 
 
+def reset_env(env: Any, task: Any, seed: int | None, options: dict[str, Any] | None):
+    """``env.reset``, passing ``options`` only when there are some: environments without
+    reset options (the Android phone's) keep their plain ``reset(task, seed)``."""
+    if options:
+        return env.reset(task=task, seed=seed, options=options)
+    return env.reset(task=task, seed=seed)
+
+
 def _describe(e: BaseException) -> str:
     return f"{type(e).__name__}: {e}"[:500]
 
@@ -62,9 +72,9 @@ class LocalDevice:
         self.make_env, self.slot = make_env, slot
         self.env = make_env(slot)
 
-    def reset(self, task, seed):
+    def reset(self, task, seed, options=None):
         try:
-            obs, _ = self.env.reset(task=task, seed=seed)
+            obs, _ = reset_env(self.env, task, seed, options)
         except Exception as e:
             raise DeviceError(f"environment {self.slot} raised on reset: {_describe(e)}") from e
         return obs, self.env.horizon
@@ -96,7 +106,7 @@ def _worker(conn, make_env, slot: int, size) -> None:  # pragma: no cover - runs
             break
         try:
             if msg[0] == "reset":
-                obs, _ = env.reset(task=msg[1], seed=msg[2])
+                obs, _ = reset_env(env, msg[1], msg[2], msg[3])
                 conn.send(("ok", (shrink_obs(obs, size), env.horizon)))
             elif msg[0] == "step":
                 obs, r, term, trunc, info = env.step(msg[1])
@@ -154,8 +164,8 @@ class ProcessDevice:
             raise DeviceError(f"worker {self.slot} failed: {payload}"[:500])
         return payload
 
-    def reset(self, task, seed):
-        return self._call("reset", task, seed)
+    def reset(self, task, seed, options=None):
+        return self._call("reset", task, seed, options)
 
     def step(self, action_text):
         return self._call("step", action_text)

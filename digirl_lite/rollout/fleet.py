@@ -125,10 +125,11 @@ class _Recording:
 
     def __init__(self, screens: ScreenTable, *, id_prefix: str, source: Source,
                  iteration: int, seed: int, record_size: tuple[int, int] | None,
-                 on_step: Callable[[int, Observation], None] | None) -> None:
+                 on_step: Callable[[int, Observation], None] | None,
+                 reset_options: dict[str, Any] | None = None) -> None:
         self.screens, self.id_prefix, self.source = screens, id_prefix, source
         self.iteration, self.seed, self.record_size = iteration, seed, record_size
-        self.on_step = on_step
+        self.on_step, self.reset_options = on_step, reset_options
         self.active: dict[int, tuple[int, Any, EpisodeRecorder]] = {}
 
     def traj_id(self, k: int) -> str:
@@ -239,16 +240,19 @@ def restart_device(device: Any, faults: _FaultKeeper, reason: str) -> None:
         faults.restarted(device.slot, reason, what)
 
 
-def reset_device(device: Any, faults: _FaultKeeper, task: Any,
-                 seed: int) -> tuple[Observation, int] | DeviceError:
-    """Reset ``device``; after a device error, restart it and try once more. Returns
-    (observation, horizon), or the second error."""
+def reset_device(device: Any, faults: _FaultKeeper, task: Any, seed: int,
+                 options: dict[str, Any] | None = None
+                 ) -> tuple[Observation, int] | DeviceError:
+    """Reset ``device`` (with the environment's reset ``options``, if any); after a device
+    error, restart it and try once more. Returns (observation, horizon), or the second
+    error."""
+    args = (task, seed, options) if options else (task, seed)
     try:
-        return device.reset(task, seed)
+        return device.reset(*args)
     except DeviceError as e:
         restart_device(device, faults, f"reset failed ({e})")
     try:
-        return device.reset(task, seed)
+        return device.reset(*args)
     except DeviceError as e:
         return e
 
@@ -356,14 +360,17 @@ class SyncFleet(_DeviceFleet):
         id_prefix: str, source: Source = Source.ONLINE, iteration: int = -1,
         seed: int = 0, record_size: tuple[int, int] | None = RECORD_SIZE,
         on_step: Callable[[int, Observation], None] | None = None,
+        reset_options: dict[str, Any] | None = None,
     ) -> list[Episode]:
         """Run every task once; returns episodes in task order.
 
         Episode ``k`` gets trajectory id ``{id_prefix}-{k:05d}`` and env seed ``seed + k``.
         ``on_step(slot, obs)`` sees every new observation (e.g. to fill a feature cache).
+        ``reset_options`` go to every reset (e.g. the simulated phone's ``{"day": d}``).
         """
         rec = _Recording(screens, id_prefix=id_prefix, source=source, iteration=iteration,
-                         seed=seed, record_size=record_size, on_step=on_step)
+                         seed=seed, record_size=record_size, on_step=on_step,
+                         reset_options=reset_options)
         queue = list(enumerate(tasks))[::-1]
         done: dict[int, Episode] = {}
 
@@ -371,7 +378,7 @@ class SyncFleet(_DeviceFleet):
             dev = self.devices[slot]
             while queue:
                 k, task = queue.pop()
-                outcome = reset_device(dev, self._faults, task, seed + k)
+                outcome = reset_device(dev, self._faults, task, seed + k, rec.reset_options)
                 failed = begin_episode(slot, rec, self._faults, k, task, outcome)
                 if failed is None:
                     return

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from typing import Any
 
 from digirl_lite.rollout.async_fleet import AsyncFleet
-from digirl_lite.rollout.devices import DeviceError, shrink_obs
+from digirl_lite.rollout.devices import DeviceError, reset_env, shrink_obs
 from digirl_lite.rollout.episode import RECORD_SIZE
 from digirl_lite.rollout.fleet import log
 
@@ -68,9 +68,10 @@ class DeviceHost:
     def pid(self) -> int:
         return os.getpid()
 
-    def reset(self, slot: int, task: Any, seed: int | None):
+    def reset(self, slot: int, task: Any, seed: int | None,
+              options: dict[str, Any] | None = None):
         env = self.envs[slot]
-        obs, _ = env.reset(task=task, seed=seed)
+        obs, _ = reset_env(env, task, seed, options)
         self._obs[slot] = obs
         return shrink_obs(obs, self.record_size), env.horizon
 
@@ -165,8 +166,8 @@ class RayDevice:
             raise DeviceError(f"device {self.slot} raised in its Ray actor: "
                               f"{str(e).splitlines()[0]}"[:500]) from e
 
-    def reset(self, task, seed):
-        return self._call("reset", task, seed)
+    def reset(self, task, seed, options=None):
+        return self._call("reset", task, seed, options)
 
     def step(self, action_text):
         return self._call("step", action_text)

@@ -209,6 +209,20 @@ class DigiRLConfig:
     eval_every: int = 0
     """Evaluate every N iterations for the learning curve (0: only at stage ends)."""
 
+    # -- drift (the simulated phone redesigned part by part as days pass) -------------------
+    day: int = 1
+    """The simulated phone's drift day when the run starts (1: the layout the demonstrations
+    and the pile were recorded on; :func:`digirl_lite.envs.sim.world.drift_day` redesigns
+    one part of the phone after another over days 2..14). Simulator only."""
+    days_per_iteration: float = 0.0
+    """Days that pass per online iteration (0: no drift, this project). After ``k`` online
+    iterations the phone is on day ``day + floor(k * days_per_iteration)``: iteration k
+    collects on it and the evaluations after it (``eval_every``'s, the final one) run on it;
+    the starting policy, the pile and the offline phase see day ``day``. Each evaluation
+    records its day. The paper's non-stationarity claim (a frozen policy decays, one that
+    keeps learning online keeps up) compares this with and without ``actor_updates=0``
+    (which freezes the policy online: no actor update, critics still trained)."""
+
     def __post_init__(self) -> None:
         _check_types(self)
         if self.world not in ("webshop", "general"):
@@ -253,6 +267,13 @@ class DigiRLConfig:
                 raise ValueError(f"{f} must be positive")
         if self.max_unjudged_steps < 0:
             raise ValueError("max_unjudged_steps must be >= 0 (0: never stop)")
+        if self.day < 1 or not 0 <= self.days_per_iteration < float("inf"):
+            raise ValueError(f"day must be >= 1 and days_per_iteration >= 0, got day="
+                             f"{self.day}, days_per_iteration={self.days_per_iteration}")
+        if self.env != "sim" and (self.day != 1 or self.days_per_iteration):
+            raise ConfigError(f"{'day' if self.day != 1 else 'days_per_iteration'}: drift "
+                              "is the simulated phone's (env='sim'); real phones "
+                              f"(env={self.env!r}) change on their own")
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

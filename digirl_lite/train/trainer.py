@@ -388,6 +388,7 @@ class Trainer:
         policy_id = (self.sft_key() if c.starting_policy in ("sft", "shipped")
                      else str(Path(c.starting_policy).expanduser().resolve()))
         devices = () if c.env == "sim" else (c.env, c.android)  # sim keys as before
+        devices += () if c.day == 1 else (("day", c.day),)  # day 1 keys as before
         key = self._cache_key("pile-v2", c.world, c.seed, c.pile_size, c.judge, c.temperature,
                               c.max_new_tokens, c.horizon, c.task_file, policy_id, *devices)
         cached = self.cache_dir / f"pile-{key}" if self.cache_dir else None
@@ -424,6 +425,12 @@ class Trainer:
                  success_rate=round(float(np.mean([t.is_success for t in trajs])), 4))
         return trajs
 
+    def phone_day(self, iteration: int | None = None) -> int:
+        """The simulated phone's drift day after ``iteration`` online iterations (None: the
+        iterations done; the pile's -1: none): ``day + floor(k * days_per_iteration)``."""
+        k = self.iteration if iteration is None else max(iteration, 0)
+        return self.cfg.day + int(np.floor(k * self.cfg.days_per_iteration + 1e-9))
+
     def _collect(self, stage: str, agent: PolicyBatchAgent, tasks: Sequence[Any],
                  screens: ScreenTable, *, id_prefix: str, seed: int = 0, **kw: Any):
         """``fleet.collect`` for ``stage``, counting unjudged steps. Episode ``k`` of
@@ -434,6 +441,8 @@ class Trainer:
         When the judge cannot answer (``max_unjudged_steps`` in a row), what had finished
         is stored (the run's store, or the evaluation's), a checkpoint is saved from the
         online phase on, and :class:`RunStopped` says why."""
+        if self.cfg.day != 1 or self.cfg.days_per_iteration:  # drift (env "sim" only)
+            kw["reset_options"] = {"day": self.phone_day(kw.get("iteration"))}
         a = self.rank * len(tasks) // self.world
         b = (self.rank + 1) * len(tasks) // self.world
         stopped: tuple[int, str] | None = None
@@ -701,9 +710,11 @@ class Trainer:
                 shutil.rmtree(ev)  # an evaluation interrupted by a crash, now redone
             TrajectoryStore.create(ev, screens.feature_dim).append(
                 [e.trajectory for e in episodes], screens)
+        report["day"] = self.phone_day()  # the simulated phone's drift day (1: none)
         self.summary["stages"][stage] = report
         self.curve.append((self.online_trajectories, report["success_rate"]))
         self.log(stage=f"eval:{stage}", online_trajectories=self.online_trajectories,
+                 day=report["day"],
                  success_rate=round(report["success_rate"], 4),
                  ci95=[round(x, 3) for x in report["ci95"]],
                  mean_length=round(report["mean_length"], 2),

@@ -162,10 +162,21 @@ class SimPhoneEnv:
         return out
 
     # -- episode ------------------------------------------------------------------------
-    def reset(self, task: str | Task | None = None, seed: int | None = None):
-        """Start an episode on the launcher. Returns ``(obs, info)``."""
+    def reset(self, task: str | Task | None = None, seed: int | None = None,
+              options: dict[str, Any] | None = None):
+        """Start an episode on the launcher. Returns ``(obs, info)``.
+
+        ``options`` (as gymnasium's reset options): ``{"day": d}`` moves the phone to drift
+        day ``d`` from this episode on, so a fleet's phones follow a run's calendar without
+        being rebuilt (:class:`~digirl_lite.train.DigiRLConfig` ``days_per_iteration``)."""
         if self._closed:
             raise RuntimeError("this environment is closed")
+        for name, value in (options or {}).items():
+            if name != "day":
+                raise ValueError(f"unknown reset option {name!r} (SimPhoneEnv takes 'day')")
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"reset option day must be an int >= 1, got {value!r}")
+            self.day = value
         self.load_task(task, seed)
         self._steps = 0
         self._done = False
