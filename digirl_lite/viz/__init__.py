@@ -9,7 +9,8 @@ grades, learning curves, run folders, and re-grading with another judge (issue 8
   filters would keep, from a run's checkpoint.
 - :func:`filmstrip`, :func:`trajectory_html`, :func:`replay` (``film.py``): a trajectory
   frame by frame, as one image or as HTML cards (Jupyter and :mod:`digirl_lite.report`).
-- :func:`plot_learning_curves`, :func:`plot_training_metrics` (``curves.py``).
+- :func:`plot_learning_curves`, :func:`plot_seed_bands`, :func:`plot_training_metrics`
+  (``curves.py``).
 - :func:`regrade`, :func:`compare_verdicts` (``regrading.py``): ask another judge, compare.
 
 ``import digirl_lite.viz`` is light: Pillow, matplotlib and torch load on first use.
@@ -37,7 +38,9 @@ _EXPORTS = {
     "image_data_uri": "film",
     "curve_rows": "curves",
     "final_success": "curves",
+    "mean_ci95": "curves",
     "plot_learning_curves": "curves",
+    "plot_seed_bands": "curves",
     "plot_training_metrics": "curves",
     "ReplayMismatch": "regrading",
     "replay_states": "regrading",
