@@ -81,7 +81,8 @@ class AutoUIPolicy:
 
     @torch.no_grad()
     def act(self, prompts: Sequence[str], image_features: Any, temperature: float = 1.0,
-            max_new_tokens: int = 128, generator_seed: int | None = None) -> list[str]:
+            max_new_tokens: int = 128, generator_seed: int | None = None,
+            constrained: bool = False) -> list[str]:
         """Sample one action string per prompt (temperature 0: greedy).
 
         Args:
@@ -90,6 +91,9 @@ class AutoUIPolicy:
             temperature: sampling temperature (1.0 in the paper).
             max_new_tokens: cap on the action's length (128 in the paper).
             generator_seed: seeds the sampling (torch's global generator otherwise).
+            constrained: sample only strings that parse to a valid action, ending within
+                ``max_new_tokens`` (:mod:`digirl_lite.policy.grammar`: the model's
+                distribution renormalised over the allowed tokens at each step).
         """
         if len(prompts) == 0:
             return []
@@ -109,6 +113,13 @@ class AutoUIPolicy:
             kwargs.update(do_sample=True, temperature=temperature, top_k=0, top_p=1.0)
         else:
             kwargs.update(do_sample=False)
+        if constrained:
+            from transformers import LogitsProcessorList
+
+            from digirl_lite.policy.grammar import action_logits_processor
+
+            kwargs["logits_processor"] = LogitsProcessorList(
+                [action_logits_processor(self.tokenizer, max_new_tokens)])
         state = None
         if generator_seed is not None:
             state = torch.random.get_rng_state()
