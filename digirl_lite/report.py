@@ -72,6 +72,7 @@ def _summary_table(rows: list[dict[str, Any]]) -> str:
     kinds = list(dict.fromkeys(k for r in rows for k in (r.get("failure_kinds") or {})))
     head = ("<tr><th>stage</th><th>online trajectories</th><th>success rate</th>"
             "<th>95% interval</th><th>episodes</th><th>mean length</th>"
+            "<th>invalid steps</th>"
             + "".join(f"<th>{e(k.replace('_', ' '))}</th>" for k in kinds) + "</tr>")
     body = []
     for r in rows:
@@ -82,6 +83,7 @@ def _summary_table(rows: list[dict[str, Any]]) -> str:
             f"<td>{_fmt(r.get('success_rate'))}</td>"
             f"<td>[{_fmt(ci[0], '.2f')}, {_fmt(ci[1], '.2f')}]</td>"
             f"<td>{_fmt(r.get('episodes'), 'd')}</td><td>{_fmt(r.get('mean_length'), '.2f')}</td>"
+            f"<td>{_fmt(r.get('invalid_step_rate'), '.1%')}</td>"
             + "".join(f"<td>{_fmt(fk.get(k), 'd')}</td>" for k in kinds) + "</tr>")
     return f'<table class="dl-sum">{head}{"".join(body)}</table>'
 

@@ -234,3 +234,162 @@ def test_a_checkpoint_with_its_own_output_head_keeps_both_matrices(tmp_path):
     feats = np.zeros((1, 24), np.float32)
     prompt, act = ["Previous Actions: None Goal: Go to ebay.com</s>"], ["PRESS_HOME"]
     assert torch.allclose(p.log_prob(prompt, feats, act), q.log_prob(prompt, feats, act))
+
+
+def _full_forward_log_prob(p, prompts, feats, actions):
+    """The plain way: the model's own forward over the padded batch, log-softmax over every
+    position, gathered at the labels, pads masked (what log_prob did before issue 16)."""
+    enc = p.tokenizer(prompts)
+    act = p.tokenizer(actions, max_length=None)
+    labels, mask = act["input_ids"], act["attention_mask"]
+    out = p.model(**enc, image_ids=feats, labels=labels.masked_fill(mask == 0, -100),
+                  decoder_attention_mask=mask)
+    logp = torch.log_softmax(out.logits.double(), -1).gather(-1, labels[..., None])[..., 0]
+    return (logp * mask).sum(-1)
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_bucketed_log_prob_equals_the_full_forward_in_any_order(tied):
+    """Rows sorted by length, scored in buckets cut to their own lengths, the head on real
+    tokens only: the same numbers and gradients as the padded full forward, in the caller's
+    order, for a tied head (the preset) and an untied one (FLAN-T5, hence Auto-UI-base)."""
+    p = small(seed=4, tie_word_embeddings=tied)
+    rng = np.random.default_rng(0)
+    goals = ["Go to ebay.com", "Open the clock", 'Go to costco.com, search for "usb c hub"',
+             'Go to walmart.com, search for "bose soundsport free wireless", and select the '
+             "first entry"]
+    acts = [HOME, TAP, format_action(Action.type_text("usb c hub")),
+            format_action(Action.swipe(x0=0.5, y0=0.8, x1=0.5, y1=0.3))]
+    prompts = [f"Previous Actions: {acts[rng.integers(4)] if rng.random() < .5 else ''} "
+               f"Goal: {goals[rng.integers(4)]}</s>" for _ in range(11)]
+    actions = [acts[rng.integers(4)] for _ in range(11)]
+    feats = torch.randn(11, 16)
+    ref = _full_forward_log_prob(p, prompts, feats, actions)
+    p.model.zero_grad()
+    ref.sum().backward()
+    ref_grad = {n: q.grad.clone() for n, q in p.model.named_parameters() if q.grad is not None}
+    for rows in (3, 32):
+        p.bucket_rows = rows
+        p.model.zero_grad()
+        got = p.log_prob(prompts, feats, actions)
+        assert torch.allclose(got.double(), ref.detach(), atol=1e-4)
+        got.sum().backward()
+        for n, q in p.model.named_parameters():
+            if n in ref_grad:
+                assert torch.allclose(q.grad, ref_grad[n], atol=1e-4, rtol=1e-3), n
+    perm = rng.permutation(11)
+    again = p.log_prob([prompts[i] for i in perm], feats[perm], [actions[i] for i in perm])
+    assert torch.allclose(again, got[perm], atol=1e-5)
+    assert p.log_prob([], torch.zeros(0, 16), []).shape == (0,)
+
+
+def test_inverse_transform_sampling_draws_the_softmax():
+    """sample_categorical draws softmax(logits / T) (chi-square at 6 degrees of freedom far
+    below its 0.1% point, 22.5), never a token scored -inf, and follows torch's seed."""
+    from digirl_lite.policy.sampling import sample_categorical
+
+    logits = torch.tensor([2.0, 0.5, -1.0, float("-inf"), 1.0, 0.0, -0.5, 1.5])
+    n = 40_000
+    for temp in (1.0, 2.0):
+        torch.manual_seed(0)
+        draws = sample_categorical(logits.repeat(n, 1), temp)
+        counts = torch.bincount(draws, minlength=8).double()
+        expect = torch.softmax(logits.double() / temp, -1) * n
+        assert counts[3] == 0
+        keep = expect > 0
+        chi2 = float((((counts - expect) ** 2)[keep] / expect[keep]).sum())
+        assert chi2 < 22.5, (temp, chi2)
+    torch.manual_seed(5)
+    a = sample_categorical(logits.repeat(50, 1))
+    torch.manual_seed(5)
+    assert torch.equal(a, sample_categorical(logits.repeat(50, 1)))
+    with pytest.raises(ValueError, match="temperature"):
+        sample_categorical(logits[None], 0.0)
+
+
+def test_act_samples_the_models_distribution():
+    """What act() samples at temperature 1 is the model's own distribution: over 400 draws
+    of a peaked model's first action token, each of the three most frequent strings comes as
+    often as the softmax mass of the tokens that decode to it (within 4 standard
+    deviations); greedy decoding always takes the most likely token."""
+    from collections import Counter
+
+    p = small(seed=6)
+    with torch.no_grad():
+        p.model.lm_head.weight.mul_(3)  # a peaked distribution (head tied: embeddings too)
+    n = 400
+    feats = torch.randn(1, 16).repeat(n, 1)
+    outs = p.act([PROMPT] * n, feats, max_new_tokens=1, generator_seed=3)
+    enc = p.tokenizer([PROMPT])
+    with torch.no_grad():
+        logits = p.model(**enc, image_ids=feats[:1],
+                         decoder_input_ids=torch.zeros(1, 1, dtype=torch.long)).logits[0, -1]
+    probs = torch.softmax(logits.double(), -1)
+    text_of = [p.tokenizer.decode([t]).strip("\n") for t in range(len(probs))]
+    for text, count in Counter(outs).most_common(3):
+        mass = float(sum(probs[t] for t in range(len(probs)) if text_of[t] == text))
+        sd = (mass * (1 - mass) / n) ** 0.5
+        assert abs(count / n - mass) < 4 * sd + 1e-9, (text, count / n, mass)
+    assert Counter(outs).most_common(1)[0][1] < 0.9 * n  # sampled, not always one token
+    greedy = p.act([PROMPT] * 3, feats[:3], max_new_tokens=1, temperature=0.0)
+    assert set(greedy) == {text_of[int(probs.argmax())]}
+
+
+def _grads(p):
+    return torch.cat([q.grad.flatten() for q in p.model.parameters() if q.grad is not None])
+
+
+def test_repeated_rows_are_merged_without_changing_the_update():
+    """A minibatch drawn with replacement repeats rows: scored once with the summed share,
+    the loss and the gradient are those of the batch as drawn (plain mean and AWR weights)."""
+    from digirl_lite.policy.updates import text_mle_update
+
+    prompts = [PROMPT, "Previous Actions: Goal: Open the clock</s>"]
+    acts = [HOME, TAP]
+    feats = torch.randn(2, 16)
+    rows = [0, 1, 0, 0, 1, 1, 0]
+    weights = np.array([1.0, 0.5, 2.0, 0.0, 1.0, 3.0, 0.25])
+    for w in (None, weights):
+        p = small(seed=8)
+        opt = torch.optim.SGD(p.parameters(), lr=0.0)  # a step that moves nothing
+        loss = text_mle_update(p, opt, [prompts[r] for r in rows], feats[rows],
+                               [acts[r] for r in rows], None, weights=w)
+        got = _grads(p)
+        p.model.zero_grad()
+        lp = p.log_prob([prompts[r] for r in rows], feats[rows], [acts[r] for r in rows])
+        share = torch.ones(len(rows)) / len(rows) if w is None else \
+            torch.as_tensor(w / w.sum(), dtype=torch.float32)
+        ref = -(share * lp).sum()
+        ref.backward()
+        assert loss == pytest.approx(float(ref.detach()), rel=1e-5)
+        assert torch.allclose(got, _grads(p), atol=1e-6, rtol=1e-4)
+
+
+def test_bf16_updates_stay_close_to_fp32_and_restore_the_attention():
+    """Under actor_precision("bf16") the log-likelihoods stay within 1% of fp32 and the
+    gradient points the same way (cosine > 0.99); the model's attention implementation is
+    put back afterwards; anything but "fp32"/"bf16" is refused."""
+    from digirl_lite.policy.updates import actor_precision
+
+    p = small(seed=9)
+    prompts = [PROMPT, 'Previous Actions: Goal: Go to costco.com, search for "tv"</s>'] * 3
+    actions = [HOME, format_action(Action.type_text("tv")), TAP] * 2
+    feats = torch.randn(6, 16)
+    impl = p.model.config._attn_implementation
+    lp32 = p.log_prob(prompts, feats, actions)
+    lp32.sum().backward()
+    g32 = _grads(p)
+    p.model.zero_grad()
+    with actor_precision(p, "bf16"):
+        assert p.model.config._attn_implementation == "eager"
+        lp16 = p.log_prob(prompts, feats, actions)
+        assert lp16.dtype == torch.float32
+    lp16.sum().backward()
+    g16 = _grads(p)
+    assert p.model.config._attn_implementation == impl
+    assert torch.allclose(lp16, lp32, rtol=1e-2)
+    assert not torch.equal(lp16, lp32)  # bf16 really ran
+    assert torch.nn.functional.cosine_similarity(g16, g32, dim=0) > 0.99
+    with pytest.raises(ValueError, match="precision"):
+        with actor_precision(p, "fp16"):
+            pass

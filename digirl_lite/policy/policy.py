@@ -51,6 +51,10 @@ class AutoUIPolicy:
         device: where the model runs.
     """
 
+    bucket_rows: int = 32
+    """:meth:`log_prob` scores rows in length-sorted buckets of this many (measured on the
+    simulator's actor update, batch 128: see benchmarks/bench_actor.py)."""
+
     def __init__(self, model: AutoUIModel, tokenizer, max_prompt_tokens: int = 512,
                  device: str | torch.device = "cpu") -> None:
         self.model = model.to(device)
@@ -109,17 +113,20 @@ class AutoUIPolicy:
             "eos_token_id": self.tokenizer.eos_token_id,
             "decoder_start_token_id": self.model.config.decoder_start_token_id,
         }
-        if temperature > 0:
-            kwargs.update(do_sample=True, temperature=temperature, top_k=0, top_p=1.0)
-        else:
-            kwargs.update(do_sample=False)
+        processors = []
         if constrained:
-            from transformers import LogitsProcessorList
-
             from digirl_lite.policy.grammar import action_logits_processor
 
-            kwargs["logits_processor"] = LogitsProcessorList(
-                [action_logits_processor(self.tokenizer, max_new_tokens)])
+            processors.append(action_logits_processor(self.tokenizer, max_new_tokens))
+        if temperature > 0:  # sampled (digirl_lite.policy.sampling), the greedy loop picks it
+            from digirl_lite.policy.sampling import CategoricalSampler
+
+            processors.append(CategoricalSampler(temperature))
+        kwargs["do_sample"] = False
+        if processors:
+            from transformers import LogitsProcessorList
+
+            kwargs["logits_processor"] = LogitsProcessorList(processors)
         state = None
         if generator_seed is not None:
             state = torch.random.get_rng_state()
@@ -146,19 +153,28 @@ class AutoUIPolicy:
         """
         if not (len(prompts) == len(actions)):
             raise ValueError(f"{len(prompts)} prompts but {len(actions)} actions")
+        n = len(prompts)
+        if n == 0:
+            return torch.zeros(0, device=self.device)
         enc = self._encode_prompts(prompts)
         act = self.tokenizer(list(actions), max_length=None)
+        ids, amask = enc["input_ids"], enc["attention_mask"]
         labels = act["input_ids"].to(self.device)
         mask = act["attention_mask"].to(self.device)
         img = _as_tensor(image_features).to(self.device)
-        out = self.model(input_ids=enc["input_ids"], attention_mask=enc["attention_mask"],
-                         image_ids=img, labels=labels.masked_fill(mask == 0, -100),
-                         decoder_attention_mask=mask)
-        logp = torch.log_softmax(out.logits.float(), dim=-1)
-        tok = logp.gather(-1, labels.unsqueeze(-1)).squeeze(-1)  # (B, T)
-        if clamp is not None:
-            tok = torch.log(tok.exp().clamp(min=clamp[0], max=clamp[1]))
-        return (tok * mask).sum(dim=-1)
+        # rows sorted by length and scored in buckets, each cut to its own longest prompt and
+        # action: a batch padded to its longest row was ~40% pads (an exact saving)
+        plen, alen = amask.sum(-1), mask.sum(-1)
+        order = torch.argsort(plen * (labels.shape[1] + 1) + alen, stable=True)
+        parts = []
+        for rows in order.split(self.bucket_rows):
+            pl, al = int(plen[rows].max()), int(alen[rows].max())
+            tok = self.model.action_token_log_probs(
+                ids[rows, :pl], amask[rows, :pl], img[rows], labels[rows, :al], mask[rows, :al])
+            if clamp is not None:
+                tok = torch.log(tok.exp().clamp(min=clamp[0], max=clamp[1])) * mask[rows, :al]
+            parts.append(tok.sum(dim=-1))
+        return torch.cat(parts)[torch.argsort(order)]
 
     # -- persistence ----------------------------------------------------------------------
     def save(self, directory: str | Path) -> Path:

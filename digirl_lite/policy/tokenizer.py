@@ -117,6 +117,7 @@ class HFTokenizer:
     def __init__(self, tokenizer) -> None:
         self.tok = tokenizer
         self.tok.truncation_side = "left"
+        self.tok.padding_side = "right"  # AutoUIPolicy.log_prob cuts pads off the right
         self.pad_token_id = tokenizer.pad_token_id
         self.eos_token_id = tokenizer.eos_token_id
 

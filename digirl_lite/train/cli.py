@@ -70,13 +70,17 @@ def cache_dir_of(args: argparse.Namespace):
 
 
 def print_table(results: dict[str, dict[str, Any]], eval_tasks: int) -> None:
-    """Held-out success (mean episode length) of each run's stages, one row per run."""
-    print(f"\nheld-out success (mean episode length) on the first {eval_tasks} test tasks")
-    print(f"{'':<12} {'copier':^13}  {'offline':^13}  {'online':^13}")
+    """Held-out success (mean episode length; share of steps whose action string did not
+    parse) of each run's stages, one row per run."""
+    print(f"\nheld-out success (mean episode length; invalid steps) on the first {eval_tasks} "
+          "test tasks")
+    print(f"{'':<12} {'copier':^22}  {'offline':^22}  {'online':^22}")
     for name, summary in results.items():
         cells = []
         for stage in ("copier", "offline", "online"):
             r = summary["stages"].get(stage)
-            cells.append("      -      " if r is None else
-                         f"{100 * r['success_rate']:5.1f}% ({r['mean_length']:4.1f})")
+            inv = r.get("invalid_step_rate", float("nan")) if r else float("nan")
+            cells.append(f"{'-':^22}" if r is None else
+                         f"{100 * r['success_rate']:5.1f}% ({r['mean_length']:4.1f}; "
+                         f"{100 * inv:4.1f}% inv)")
         print(f"{name:<12} " + "  ".join(cells))

@@ -113,7 +113,9 @@ class DigiRLConfig:
     """Demonstrations search for new products (made-up brands and model numbers mixed with
     the train products' words; this project), as people's recordings name many more things
     than a train list: on the train list's ~150 products alone the tiny policy memorised
-    them and typed a train product for an unseen one (most of its held-out failures)."""
+    them and typed a train product for an unseen one (most of its held-out failures).
+    General: its searches name new places, shops and landmarks the same way (without, the
+    General policy typed train names for the held-out ones: 8.3% held-out success)."""
     sft_surprise_rate: float = 0.05
     """Surprises in the demonstrations, as a fraction of the default rates (this project):
     the demonstrators met a pop-up or voice input now and then, so the starting policy has
@@ -125,7 +127,8 @@ class DigiRLConfig:
     for a made-up product, target the product (:func:`digirl_lite.rollout.pile.copy_drills`).
     They stand in for the pre-training a real Auto-UI brings: without them the tiny
     from-scratch T5 never learned to copy a product from its goal and mistyped every unseen
-    product (held-out searches 0/64, whatever the tokenizer). 0: none."""
+    product (held-out searches 0/64, whatever the tokenizer). General: a train search with
+    new names, targeting its query. 0: none."""
     sft_copy_share: float = 0.25
     """Share of each SFT batch that is copy drills, so the skill survives SFT."""
     sft_updates: int = 1500
@@ -155,6 +158,12 @@ class DigiRLConfig:
     """Sampling temperature for collection and evaluation (paper: 1.0)."""
     max_new_tokens: int = 64
     """Cap on an action's tokens (paper: 128; the preset's actions take <= 40)."""
+    constrained_decoding: bool = False
+    """Sample only action strings that parse (:mod:`digirl_lite.policy.grammar`: the
+    policy's distribution renormalised over the tokens the action format allows, every
+    action ending within ``max_new_tokens``) in the pile, collection and evaluation (this
+    project, issue 16: off in the paper, where malformed strings are idle steps). The actor
+    is trained on the model's own, unconstrained likelihood either way."""
     capacity: int = 5000
     """Replay buffer size in trajectories (paper: 5,000)."""
     critic_updates: int = 5
@@ -202,6 +211,13 @@ class DigiRLConfig:
     """Paper: 1e-4 (the reference's 3e-3 collapsed the policy in practice)."""
     actor_grad_clip: float = 0.01
     """Gradient-norm cap (paper: 0.01)."""
+    actor_precision: str = "bf16"
+    """The actor update's matrix products: "bf16" (autocast to bfloat16, fp32 weights,
+    optimizer and log-softmax: the usual mixed precision) or "fp32". On this project's
+    2-core CPU (avx512_bf16) a bf16 product of the preset's shapes ran 5x faster and the
+    update 1.6x (0.40 -> 0.26 s at batch 128, benchmarks/bench_actor.py; with eager
+    attention, as transformers' SDPA backward is slower in bf16 there), with held-out
+    results inside the fp32 runs' intervals (issue 16's note). A GPU without bf16: "fp32"."""
 
     # -- evaluation -----------------------------------------------------------------------
     eval_tasks: int = 96
@@ -232,6 +248,9 @@ class DigiRLConfig:
         if self.step_filter not in STEP_FILTERS:
             raise ValueError(f"step_filter must be one of {STEP_FILTERS}, "
                              f"got {self.step_filter!r}")
+        if self.actor_precision not in ("bf16", "fp32"):
+            raise ValueError(f"actor_precision must be 'bf16' or 'fp32', "
+                             f"got {self.actor_precision!r}")
         if self.critic_loss not in ("ce", "mse"):
             raise ValueError(f"critic_loss must be 'ce' or 'mse', got {self.critic_loss!r}")
         if not 0 < self.awr_beta < float("inf"):
@@ -407,10 +426,13 @@ def sim_webshop(**overrides: Any) -> DigiRLConfig:
     phase gained nothing (-1.0 and -4.1 points held-out, two seeds). At 1e-3 the instruction
     critic is calibrated (values 0.52 / 0.59 / 0.88 for success rates 0.52 / 0.62 / 1.0) and
     the online phase gained +8.3 and +2.1 points (benchmarks/bench_learning.py).
+    ``eval_every`` 5: the learning curve has a point every 80 trajectories (issue 16: the
+    faster actor update and sampling paid for these evaluations).
     With the same reasoning the step critic's hidden layers are 256 wide (paper: 768 on
     RoBERTa), the width these results were measured with.
     """
-    base = {"starting_policy": "shipped", "critic_lr": 1e-3, "critic_hidden": 256}
+    base = {"starting_policy": "shipped", "critic_lr": 1e-3, "critic_hidden": 256,
+            "eval_every": 5}
     return DigiRLConfig(**{**base, **overrides})
 
 

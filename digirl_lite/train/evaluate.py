@@ -13,11 +13,22 @@ from digirl_lite.data.records import Ending, ScreenTable, Source
 from digirl_lite.judge.calibration import wilson_interval
 from digirl_lite.rollout.fleet import BatchAgent, Episode
 
-__all__ = ["FAILURE_KINDS", "failure_kind", "evaluate", "summarize"]
+__all__ = ["FAILURE_KINDS", "INVALID_SHARE", "failure_kind", "invalid_steps", "evaluate",
+           "summarize"]
 
 FAILURE_KINDS = ("never_reached_site", "wrong_page_at_end", "ran_out_of_steps",
-                 "infrastructure", "unjudged")
+                 "infrastructure", "unjudged", "invalid_actions")
+"""Every kind :func:`failure_kind` returns; new kinds are added at the end, so readers of
+older summaries find the keys they know ("invalid_actions" came with issue 16)."""
 EVAL_TASKS = 96
+INVALID_SHARE = 0.25
+"""An episode the step budget ended is an "invalid_actions" failure when at least this share
+of its steps wrote a string that does not parse (each an idle step, ``digirl_lite.actions``).
+Measured on the shipped starting policy, Web Shopping, 96 held-out tasks, seed 0 (issue 16):
+all 35 failures had INVALID steps (15-60% of their steps), 26 of them at least a quarter and
+11 at least half; 16 of the 61 successes had some too (at most 33%). A quarter (5 of H = 20
+steps, half of a typical successful episode) marks the episodes whose budget went largely to
+unparseable strings; "any" would mark every failure, half only a third of them."""
 
 
 def _reached(task, state) -> bool:
@@ -34,9 +45,11 @@ def failure_kind(episode: Episode) -> str | None:
     """None for a success; else one of :data:`FAILURE_KINDS`.
 
     Infrastructure first (not the agent's fault), then "unjudged" (the judge could not
-    answer on some step: not the agent's fault either); then "never reached the site" (the first
-    milestone never appeared, read from the simulator's states); then "ran out of steps"
-    (the budget ended it); else the agent stopped on the wrong page.
+    answer on some step: not the agent's fault either); then "invalid actions" (the budget
+    ended it and at least :data:`INVALID_SHARE` of its steps did not parse: the policy wrote
+    noise, whatever page it was on); then "never reached the site" (the first milestone never
+    appeared, read from the simulator's states); then "ran out of steps" (the budget ended
+    it); else the agent stopped on the wrong page.
     """
     t = episode.trajectory
     if t.is_success:
@@ -45,6 +58,8 @@ def failure_kind(episode: Episode) -> str | None:
         return "infrastructure"
     if t.num_unjudged:
         return "unjudged"
+    if t.ending is Ending.BUDGET and invalid_steps(t) >= INVALID_SHARE * len(t):
+        return "invalid_actions"
     states = [s for s in episode.states if s is not None]
     if states:
         from digirl_lite.envs.sim.tasks import parse_task
@@ -57,13 +72,19 @@ def failure_kind(episode: Episode) -> str | None:
     return "wrong_page_at_end"
 
 
+def invalid_steps(trajectory) -> int:
+    """How many steps of ``trajectory`` wrote a string that does not parse (INVALID)."""
+    return sum(not s.action.is_valid for s in trajectory.steps)
+
+
 def summarize(episodes: Sequence[Episode]) -> dict[str, Any]:
     """Success rate (Wilson 95% interval over usable episodes), mean length, failure kinds.
 
     Episodes cut by the infrastructure, and episodes with an unjudged step (the judge could
     not say whether the task was done), are left out of the denominator: neither is the
     agent's failure. ``unjudged`` counts the latter, ``unjudged_step_rate`` is the share of
-    all steps that came back unjudged.
+    all steps that came back unjudged; ``invalid_step_rate`` the share of all steps whose
+    action string did not parse (INVALID: an idle step, ``digirl_lite.actions``).
     """
     trajs = [e.trajectory for e in episodes]
     judged = [t for t in trajs if t.is_usable]
@@ -79,6 +100,7 @@ def summarize(episodes: Sequence[Episode]) -> dict[str, Any]:
         "judged_episodes": n,
         "unjudged": unjudged,
         "unjudged_step_rate": sum(t.num_unjudged for t in trajs) / steps if steps else 0.0,
+        "invalid_step_rate": sum(invalid_steps(t) for t in trajs) / steps if steps else 0.0,
         "successes": wins,
         "mean_length": float(np.mean([len(t) for t in judged])) if judged else float("nan"),
         "mean_length_success": float(np.mean([len(t) for t in judged if t.is_success]))

@@ -34,7 +34,8 @@ from digirl_lite.data.store import TrajectoryStore
 from digirl_lite.envs.base import Observation
 from digirl_lite.errors import ConfigError
 from digirl_lite.paths import atomic_write_text, content_key, fsync_dir, fsync_tree, user_cache_dir
-from digirl_lite.policy.updates import mle_update, steps_to_batch, text_mle_update
+from digirl_lite.policy.updates import (actor_precision, mle_update, steps_to_batch,
+                                        text_mle_update)
 from digirl_lite.rollout.fleet import JudgeUnavailable
 from digirl_lite.train.config import DigiRLConfig
 from digirl_lite.train.evaluate import evaluate
@@ -60,9 +61,10 @@ class PolicyBatchAgent:
     one sampling call for every phone of the batch."""
 
     def __init__(self, policy, features, screens: ScreenTable, temperature: float = 1.0,
-                 max_new_tokens: int = 64) -> None:
+                 max_new_tokens: int = 64, constrained: bool = False) -> None:
         self.policy, self.features, self.screens = policy, features, screens
         self.temperature, self.max_new_tokens = temperature, max_new_tokens
+        self.constrained = constrained
         self.seconds = 0.0  # time spent in act_batch (features + sampling): "inference"
         self.calls = 0
 
@@ -80,7 +82,8 @@ class PolicyBatchAgent:
         ids = [o.screen_id or screen_id_of_image(o.screenshot) for o in observations]
         feats = self.features_of(ids)
         out = self.policy.act([o.prompt for o in observations], feats,
-                              temperature=self.temperature, max_new_tokens=self.max_new_tokens)
+                              temperature=self.temperature, max_new_tokens=self.max_new_tokens,
+                              constrained=self.constrained)
         self.seconds += time.perf_counter() - t0
         self.calls += 1
         return out
@@ -314,7 +317,8 @@ class Trainer:
     def agent(self, screens: ScreenTable | None = None) -> PolicyBatchAgent:
         return PolicyBatchAgent(self.policy, self.features,
                                 screens if screens is not None else self.screens,
-                                self.cfg.temperature, self.cfg.max_new_tokens)
+                                self.cfg.temperature, self.cfg.max_new_tokens,
+                                self.cfg.constrained_decoding)
 
     def _train_tasks(self):
         return self.phones.train_tasks
@@ -389,7 +393,8 @@ class Trainer:
                      else str(Path(c.starting_policy).expanduser().resolve()))
         devices = () if c.env == "sim" else (c.env, c.android)  # sim keys as before
         devices += () if c.day == 1 else (("day", c.day),)  # day 1 keys as before
-        key = self._cache_key("pile-v2", c.world, c.seed, c.pile_size, c.judge, c.temperature,
+        devices += ("constrained",) if c.constrained_decoding else ()  # off: as before
+        key = self._cache_key("pile-v3", c.world, c.seed, c.pile_size, c.judge, c.temperature,
                               c.max_new_tokens, c.horizon, c.task_file, policy_id, *devices)
         cached = self.cache_dir / f"pile-{key}" if self.cache_dir else None
         # every process takes the same road (process 0 decides)
@@ -630,11 +635,12 @@ class Trainer:
         if not steps or updates <= 0:
             return float("nan")
         loss = float("nan")
-        for _ in self._iter(updates, "actor"):
-            idx = self.rng.integers(0, len(steps), self.cfg.actor_batch)
-            loss = mle_update(self.policy, self.actor_opt, [steps[i] for i in idx],
-                              self.screens, self.cfg.actor_grad_clip, self.accelerator,
-                              self.cfg.grad_accum, None if weights is None else weights[idx])
+        with actor_precision(self.policy, self.cfg.actor_precision):
+            for _ in self._iter(updates, "actor"):
+                idx = self.rng.integers(0, len(steps), self.cfg.actor_batch)
+                loss = mle_update(self.policy, self.actor_opt, [steps[i] for i in idx],
+                                  self.screens, self.cfg.actor_grad_clip, self.accelerator,
+                                  self.cfg.grad_accum, None if weights is None else weights[idx])
         return round(loss, 4)
 
     # -- stages ---------------------------------------------------------------------------
@@ -718,6 +724,7 @@ class Trainer:
                  success_rate=round(report["success_rate"], 4),
                  ci95=[round(x, 3) for x in report["ci95"]],
                  mean_length=round(report["mean_length"], 2),
+                 invalid_step_rate=round(report["invalid_step_rate"], 4),
                  unjudged=report["unjudged"], failure_kinds=report["failure_kinds"])
         return report
 

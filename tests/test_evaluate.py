@@ -1,0 +1,60 @@
+"""Evaluation summaries: failure kinds and the share of INVALID steps (issue 16, item 5)."""
+
+from __future__ import annotations
+
+import pytest
+
+from digirl_lite.actions import Action, ActionType, format_action
+from digirl_lite.data.records import Ending, Step, Trajectory
+from digirl_lite.rollout.fleet import Episode
+from digirl_lite.train.evaluate import FAILURE_KINDS, INVALID_SHARE, failure_kind, summarize
+
+TASK = "Go to ebay.com, search for 'usb hub'"
+TAP = format_action(Action.tap(x=0.5, y=0.62))
+STOP = format_action(Action.key(ActionType.STATUS_TASK_COMPLETE))
+SALAD = "0.8852 0.3763, 0.87940.3212DUAL_POINT"
+
+
+def episode(texts: list[str], ending: Ending) -> Episode:
+    steps = [Step.from_text(task=TASK, prompt="p", action_text=t, reward=0.0, done=False,
+                            screen_id=f"s{i}", next_screen_id=f"s{i + 1}")
+             for i, t in enumerate(texts)]
+    reward = 1.0 if ending is Ending.SUCCESS else 0.0
+    traj = Trajectory(traj_id=f"t{len(texts)}-{texts.count(SALAD)}-{ending.value}", task=TASK,
+                      steps=tuple(steps), final_reward=reward, ending=ending,
+                      truncation_reason="crash" if ending is Ending.INFRA else None)
+    return Episode(traj, [], None)
+
+
+def budget_run(invalid: int, h: int = 20) -> Episode:
+    return episode([SALAD] * invalid + [TAP] * (h - invalid), Ending.BUDGET)
+
+
+def test_the_old_failure_kinds_keep_their_names_and_order():
+    assert FAILURE_KINDS[:5] == ("never_reached_site", "wrong_page_at_end", "ran_out_of_steps",
+                                 "infrastructure", "unjudged")
+    assert "invalid_actions" in FAILURE_KINDS
+
+
+@pytest.mark.parametrize("invalid, kind", [(0, "ran_out_of_steps"), (4, "ran_out_of_steps"),
+                                           (5, "invalid_actions"), (20, "invalid_actions")])
+def test_a_budget_ending_is_invalid_actions_from_a_quarter_of_invalid_steps(invalid, kind):
+    assert INVALID_SHARE == 0.25
+    assert failure_kind(budget_run(invalid)) == kind
+
+
+def test_other_endings_are_not_invalid_actions():
+    assert failure_kind(episode([SALAD] * 9 + [TAP], Ending.SUCCESS)) is None
+    assert failure_kind(episode([SALAD] * 9 + [STOP], Ending.AGENT_STOP)) == "wrong_page_at_end"
+    assert failure_kind(episode([SALAD] * 9, Ending.INFRA)) == "infrastructure"
+
+
+def test_summary_counts_the_share_of_invalid_steps():
+    eps = [budget_run(10), budget_run(2), episode([SALAD, TAP, STOP], Ending.SUCCESS),
+           episode([SALAD] * 3, Ending.INFRA)]
+    s = summarize(eps)
+    assert s["invalid_step_rate"] == pytest.approx((10 + 2 + 1 + 3) / (20 + 20 + 3 + 3))
+    assert s["failure_kinds"] == {**{k: 0 for k in FAILURE_KINDS}, "invalid_actions": 1,
+                                  "ran_out_of_steps": 1, "infrastructure": 1}
+    assert list(s["failure_kinds"]) == list(FAILURE_KINDS)
+    assert summarize([])["invalid_step_rate"] == 0.0
