@@ -146,7 +146,7 @@ def test_train_actor_hands_each_minibatch_its_weights(monkeypatch):
                         lambda policy, opt, steps, *a: seen.append((steps, a[-1])) or 0.5)
     steps = BUFFER[0].steps
     w = np.arange(1.0, 7.0)
-    stub = SimpleNamespace(cfg=DigiRLConfig(actor_batch=4, actor_precision="fp32"), rng=np.random.default_rng(0),
+    stub = SimpleNamespace(cfg=DigiRLConfig(actor_batch=4), rng=np.random.default_rng(0),
                            policy=None, actor_opt=None, screens=None, accelerator=None,
                            _iter=lambda n, desc: range(n))
     assert Trainer.train_actor(stub, steps, 3, w) == 0.5

@@ -170,17 +170,45 @@ def test_tensorboard_scalars(tmp_path):
     assert acc.Scalars("online/actor_loss")[0].value == pytest.approx(0.5)
 
 
-def test_the_shipped_starting_policy_matches_the_main_jobs_config(tmp_path):
-    """The main job (sim_webshop) loads the shipped policies/sft-webshop: it must have been
-    built with the preset's SFT settings, or the README's command fails. Rebuild with
-    recipes/make_starting_policy.py after changing them."""
+@pytest.mark.parametrize("world", ["webshop", "general"])
+def test_the_shipped_starting_policy_matches_the_main_jobs_config(tmp_path, world):
+    """The main job (sim_webshop, on either world) loads the shipped policies/sft-<world>:
+    it must have been built with the preset's SFT settings, or the README's command fails.
+    Rebuild with recipes/make_starting_policy.py --world <world> after changing them."""
     from digirl_lite.train.config import sim_webshop
 
-    meta = json.loads((data_dir() / "policies" / "sft-webshop" / "sft.json").read_text())
-    t = Trainer(sim_webshop(), tmp_path / "r", cache_dir=None, progress=False)
+    meta = json.loads((data_dir() / "policies" / f"sft-{world}" / "sft.json").read_text())
+    assert meta["world"] == world
+    t = Trainer(sim_webshop(world=world), tmp_path / "r", cache_dir=None, progress=False)
     assert meta["key"] == t.sft_key()
     t.build_starting_policy()  # loads, and the policy answers
     out = t.policy.act(["Previous Actions: Goal: Go to costco.com</s>"],
                        np.zeros((1, t.policy.img_dim), dtype=np.float32), temperature=0.0,
                        max_new_tokens=32)
     assert out and isinstance(out[0], str)
+
+
+@pytest.mark.slow  # a tiny SFT policy, two evaluations of 6 tasks
+def test_constrained_decoding_reaches_every_sampled_action(tmp_path):
+    """constrained_decoding=True: every action the Trainer's agent samples parses (none is
+    INVALID, while the same tiny, barely trained policy writes many unparseable strings
+    without it)."""
+    from dataclasses import replace
+
+    from digirl_lite.actions import parse_action
+
+    t = Trainer(sim_quick(**{**TINY, "eval_tasks": 6, "max_new_tokens": 24}), tmp_path / "run",
+                cache_dir=tmp_path / "cache")
+    t.build_starting_policy()
+    rates, keys = {}, {}
+    for constrained in (False, True):
+        t.cfg = replace(t.cfg, constrained_decoding=constrained)
+        assert t.agent().constrained is constrained
+        report = t.evaluate(f"c{constrained}")
+        rates[constrained] = report["invalid_step_rate"]
+        trajs, _ = load_trajectories(tmp_path / "run" / "eval" / f"c{constrained}")
+        texts = [s.action_text for tr in trajs for s in tr.steps]
+        assert texts
+        if constrained:
+            assert all(parse_action(x).is_valid for x in texts), texts[:3]
+    assert rates[True] == 0.0 < rates[False]

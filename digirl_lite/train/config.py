@@ -211,13 +211,14 @@ class DigiRLConfig:
     """Paper: 1e-4 (the reference's 3e-3 collapsed the policy in practice)."""
     actor_grad_clip: float = 0.01
     """Gradient-norm cap (paper: 0.01)."""
-    actor_precision: str = "bf16"
-    """The actor update's matrix products: "bf16" (autocast to bfloat16, fp32 weights,
-    optimizer and log-softmax: the usual mixed precision) or "fp32". On this project's
-    2-core CPU (avx512_bf16) a bf16 product of the preset's shapes ran 5x faster and the
-    update 1.6x (0.40 -> 0.26 s at batch 128, benchmarks/bench_actor.py; with eager
-    attention, as transformers' SDPA backward is slower in bf16 there), with held-out
-    results inside the fp32 runs' intervals (issue 16's note). A GPU without bf16: "fp32"."""
+    actor_precision: str = "fp32"
+    """The actor update's matrix products: "fp32", or "bf16" (autocast to bfloat16; fp32
+    weights, optimizer and log-softmax; eager attention on a CPU). Measured on this
+    project's 2-core CPU (avx512_bf16, issue 16): a bf16 product of the preset's shapes ran
+    5x faster and an update 1.6x (0.40 -> 0.26 s at batch 128, benchmarks/bench_actor.py),
+    but the main job trained in bf16 fell from 60.4% to 0.0% held-out after the offline
+    phase (every step an unparseable string; fp32: 79.2%) and ended at 53.1% (fp32: 82.3%).
+    So fp32 by default; "bf16" is for GPUs and larger models, to be measured there."""
 
     # -- evaluation -----------------------------------------------------------------------
     eval_tasks: int = 96
