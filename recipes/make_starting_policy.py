@@ -3,11 +3,12 @@ brings), then supervised fine-tuning of the tiny preset on the simulator's exper
 demonstrations, saved with the SFT settings it was built under.
 
     python recipes/make_starting_policy.py --world webshop   # -> <assets>/policies/sft-webshop
+    python recipes/make_starting_policy.py --world general   # -> <assets>/policies/sft-general
 
 (``<assets>``: :func:`digirl_lite.paths.data_dir`, the package's ``digirl_lite/assets/``.)
 
-The main job loads it with ``starting_policy="shipped"`` (the sim_webshop preset) and
-refuses it if the config's SFT settings differ from those it was built with.
+The main job loads it with ``starting_policy="shipped"`` (the sim_webshop preset, on either
+world) and refuses it if the config's SFT settings differ from those it was built with.
 """
 
 from __future__ import annotations

@@ -127,3 +127,33 @@ def test_copy_drills_ask_for_new_products_and_target_them():
         assert prompt.startswith("Previous Actions: Goal: ")
     products = [p for _, p in drills]
     assert len(set(products)) > 290 and not set(products) & train
+
+
+def test_general_varies_the_names_in_its_searches():
+    """General's demonstrations and drills name places, shops and landmarks beyond its train
+    list (every held-out search names one that no train task does): searches get new names,
+    other tasks are kept, the expert still solves them, and each drill targets its query."""
+    from itertools import islice
+
+    from digirl_lite.envs.sim.tasks import load_task_file, parse_task
+    from digirl_lite.paths import data_dir
+    from digirl_lite.prompts import task_from_prompt
+    from digirl_lite.rollout.pile import copy_drills, vary_queries
+
+    base = load_task_file(data_dir() / "tasks" / "general_train.txt")
+    varied = vary_queries(base, 200, seed=3)
+    assert varied == vary_queries(base, 200, seed=3)
+    kinds = [parse_task(t).kind for t in varied]
+    new = [t for t in varied if t not in base]
+    assert all(parse_task(t).kind == "search" for t in new)
+    assert len(new) > 0.6 * kinds.count("search")
+    assert {t for t, k in zip(varied, kinds) if k == "open_app"} <= set(base)
+    trajs, _, stats = generate_demos("general", n=20, seed=3, varied_products=True)
+    assert stats.success_rate == 1.0 and not {t.task for t in trajs} <= set(base)
+
+    drills = list(islice(copy_drills(seed=4, world="general"), 200))
+    assert drills == list(islice(copy_drills(seed=4, world="general"), 200))
+    train = {parse_task(t).query for t in base}
+    for prompt, query in drills:
+        assert parse_task(task_from_prompt(prompt)).query == query
+    assert len({q for _, q in drills} - train) > 100

@@ -25,7 +25,7 @@ from digirl_lite.envs.sim.world import Surprises
 from digirl_lite.rollout.episode import run_episode
 
 __all__ = ["PILE_SIZES", "PileStats", "copy_drills", "generate_pile", "generate_demos",
-           "vary_products"]
+           "vary_products", "vary_queries"]
 
 PILE_SIZES = {"webshop": 528, "general": 608}
 """Off-to-on pile sizes of the paper (spec section 7)."""
@@ -59,24 +59,78 @@ def _product_maker(tasks: list[str], rng: np.random.Generator, real_share: float
     """A function that makes up a product: two to four words, each a word of some product in
     ``tasks`` (probability ``real_share``) or a made-up brand or model number."""
     words = sorted({w for t in tasks for m in _QUOTED.finditer(t) for w in m["product"].split()})
-    letters = list("abcdefghijklmnopqrstuvwxyz")
-
-    def made_up() -> str:
-        kind = rng.integers(0, 3)
-        if kind == 0:  # a brand-like word
-            return "".join(rng.choice(letters, size=int(rng.integers(4, 9))))
-        if kind == 1:  # a model number like "kx-780"
-            head = "".join(rng.choice(letters, size=int(rng.integers(1, 4))))
-            return f"{head}-{int(rng.integers(1, 10_000))}"
-        return f"{''.join(rng.choice(letters, size=int(rng.integers(1, 3))))}" \
-               f"{int(rng.integers(1, 1000))}"
 
     def product() -> str:
         k = int(rng.integers(2, 5))
         return " ".join(str(rng.choice(words)) if words and rng.random() < real_share
-                        else made_up() for _ in range(k))
+                        else _made_up(rng) for _ in range(k))
 
     return product
+
+
+_LETTERS = list("abcdefghijklmnopqrstuvwxyz")
+
+
+def _made_up(rng: np.random.Generator) -> str:
+    """A made-up brand ("zelvora") or model number ("kx-780", "q53")."""
+    kind = rng.integers(0, 3)
+    if kind == 0:  # a brand-like word
+        return "".join(rng.choice(_LETTERS, size=int(rng.integers(4, 9))))
+    if kind == 1:  # a model number like "kx-780"
+        head = "".join(rng.choice(_LETTERS, size=int(rng.integers(1, 4))))
+        return f"{head}-{int(rng.integers(1, 10_000))}"
+    return f"{''.join(rng.choice(_LETTERS, size=int(rng.integers(1, 3))))}" \
+           f"{int(rng.integers(1, 1000))}"
+
+
+def _searches(tasks: list[str]) -> tuple[list[str], list[str], list[str]]:
+    """General: the Google searches among ``tasks``, their queries' words, and the
+    capitalised ones (names: places, shops, landmarks)."""
+    from digirl_lite.envs.sim.tasks import parse_task
+
+    searches = [t for t in tasks if parse_task(t).kind == "search"]
+    words = sorted({w.rstrip("?.,!") for t in searches for w in parse_task(t).query.split()})
+    return searches, words, [w for w in words if w[:1].isupper()]
+
+
+def _vary_query(text: str, rng: np.random.Generator, words: list[str], names: list[str],
+                real_share: float = 0.65) -> str:
+    """``text`` (a General search) with its names mostly replaced (each capitalised word
+    after the first with probability 0.8, each other word of four letters or more with
+    0.2), by a word of another query (probability ``real_share``) or a made-up one; the
+    text unchanged if the result is no longer a search the simulator models."""
+    from digirl_lite.envs.sim.tasks import UnsupportedTaskError, parse_task
+
+    out = text.split()
+    for i, w in enumerate(out[1:], 1):
+        core = w.rstrip("?.,!")
+        name = core[:1].isupper()
+        if rng.random() < (0.8 if name else 0.2 if len(core) >= 4 else 0.0):
+            pool = names if name else words
+            new = str(rng.choice(pool)) if pool and rng.random() < real_share \
+                else _made_up(rng)
+            out[i] = (new[:1].upper() + new[1:] if name else new) + w[len(core):]
+    varied = " ".join(out)
+    try:
+        return varied if parse_task(varied).kind == "search" else text
+    except (UnsupportedTaskError, ValueError):
+        return text
+
+
+def vary_queries(tasks: list[str], n: int, seed: int = 0) -> list[str]:
+    """General's :func:`vary_products`: ``n`` tasks drawn from ``tasks``, each Google search
+    with its names replaced (:func:`_vary_query`: "What is the capital of Spain?" ->
+    "What is the capital of Zelvora?"). Every held-out General search names a place, shop
+    or landmark that no train task names; on the train list alone the policy typed the
+    train names it knew for them (8% held-out success)."""
+    rng = np.random.default_rng(seed)
+    searches, words, names = _searches(tasks)
+    searches_set = set(searches)
+    out = []
+    for i in rng.integers(0, len(tasks), size=n):
+        t = tasks[int(i)]
+        out.append(_vary_query(t, rng, words, names) if t in searches_set else t)
+    return out
 
 
 def vary_products(tasks: list[str], n: int, seed: int = 0) -> list[str]:
@@ -93,9 +147,12 @@ def vary_products(tasks: list[str], n: int, seed: int = 0) -> list[str]:
     return out
 
 
-def copy_drills(seed: int = 0, real_share: float = 0.35) -> Iterator[tuple[str, str]]:
+def copy_drills(seed: int = 0, real_share: float = 0.35,
+                world: str = "webshop") -> Iterator[tuple[str, str]]:
     """Endless ``(prompt, product)`` pairs: a policy prompt whose goal asks to search for a
     made-up product (a Web Shopping train task with its product replaced), and the product.
+    ``world="general"``: a General train search with its names replaced
+    (:func:`_vary_query`), and its query (what the expert types).
 
     The pre-training a real Auto-UI brings (FLAN-T5 copies spans from its input readily) in
     a few minutes: the tiny from-scratch T5 learns to *copy* from these before it learns the
@@ -106,6 +163,16 @@ def copy_drills(seed: int = 0, real_share: float = 0.35) -> Iterator[tuple[str, 
     from digirl_lite.paths import data_dir
     from digirl_lite.prompts import build_prompt
 
+    if world == "general":
+        from digirl_lite.envs.sim.tasks import parse_task
+
+        searches, words, names = _searches(load_task_file(data_dir() / "tasks" /
+                                                          "general_train.txt"))
+        rng = np.random.default_rng(seed)
+        while True:
+            text = _vary_query(searches[int(rng.integers(len(searches)))], rng, words, names,
+                               real_share)
+            yield build_prompt(text), parse_task(text).query
     tasks = [t for t in load_task_file(data_dir() / "tasks" / "webshop_train.txt")
              if _QUOTED.search(t)]
     rng = np.random.default_rng(seed)
@@ -173,14 +240,15 @@ def generate_demos(
     """The expert's demonstrations on ``world``'s train tasks: clean (no surprises) by
     default; ``surprise_rate`` scales the default surprise probabilities (0.1: a tenth of
     them), so a few demonstrations show how the expert closes a pop-up or voice input;
-    ``varied_products`` replaces each task's product with a new one (:func:`vary_products`),
-    as people searched for many more things than the train list names."""
+    ``varied_products`` replaces each task's product with a new one (:func:`vary_products`;
+    General: each search's names, :func:`vary_queries`), as people searched for many more
+    things than the train list names."""
     tasks = None
     if varied_products:
         from digirl_lite.envs.sim.tasks import load_task_file
         from digirl_lite.paths import data_dir
 
         base = load_task_file(data_dir() / "tasks" / f"{world}_train.txt")
-        tasks = vary_products(base, n, seed)
+        tasks = (vary_queries if world == "general" else vary_products)(base, n, seed)
     return _run("demo", world, n, seed, lambda i: ScriptedExpert(),
                 Surprises().scaled(surprise_rate), day, Source.OFFLINE, tasks)

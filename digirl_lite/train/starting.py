@@ -27,7 +27,9 @@ def sft_key(cfg: Any) -> str:
 
     c = cfg
     vocab = SPTokenizer(data_dir() / "tokenizer" / SIM_TOKENIZER_FILE).vocab_size
-    return content_key("sft-v3", c.world, c.sft_seed, c.sft_demos, c.sft_updates,
+    # v4: General's demonstrations and drills vary its searches' names (Web Shopping as before)
+    version = "sft-v3" if c.world == "webshop" else "sft-v4"
+    return content_key(version, c.world, c.sft_seed, c.sft_demos, c.sft_updates,
                        c.sft_batch, c.sft_lr, c.sft_surprise_rate, c.sft_varied_products,
                        c.sft_copy_updates, c.sft_copy_share, SIM_PRESET, vocab)
 
@@ -111,7 +113,7 @@ def train_sft(cfg: Any, features: Any, *, device: Any = "cpu", process_index: in
     opt = torch.optim.AdamW(policy.model.parameters(), lr=c.sft_lr)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda u: min(1.0, (u + 1) / 50))
     rng = np.random.default_rng([c.sft_seed, process_index])
-    drills = copy_drills(seed=c.sft_seed * 1009 + process_index)
+    drills = copy_drills(seed=c.sft_seed * 1009 + process_index, world=c.world)
     no_image = np.zeros((c.sft_batch, policy.img_dim), dtype=np.float32)
     n_drill = int(round(c.sft_copy_share * c.sft_batch))
     total = c.sft_copy_updates + c.sft_updates
