@@ -202,7 +202,7 @@ def test_constrained_decoding_reaches_every_sampled_action(tmp_path):
     t = Trainer(sim_quick(**{**TINY, "eval_tasks": 6, "max_new_tokens": 24}), tmp_path / "run",
                 cache_dir=tmp_path / "cache")
     t.build_starting_policy()
-    rates, keys = {}, {}
+    rates = {}
     for constrained in (False, True):
         t.cfg = replace(t.cfg, constrained_decoding=constrained)
         assert t.agent().constrained is constrained

@@ -34,8 +34,7 @@ from digirl_lite.data.store import TrajectoryStore
 from digirl_lite.envs.base import Observation
 from digirl_lite.errors import ConfigError
 from digirl_lite.paths import atomic_write_text, content_key, fsync_dir, fsync_tree, user_cache_dir
-from digirl_lite.policy.updates import (actor_precision, mle_update, steps_to_batch,
-                                        text_mle_update)
+from digirl_lite.policy.updates import actor_precision, mle_update, steps_to_batch, text_mle_update
 from digirl_lite.rollout.fleet import JudgeUnavailable
 from digirl_lite.train.config import DigiRLConfig
 from digirl_lite.train.evaluate import evaluate
