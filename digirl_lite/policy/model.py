@@ -14,6 +14,7 @@ fused encoder (:class:`_FusedEncoder`), so every decoding step reuses the fused 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 from transformers import T5Config, T5ForConditionalGeneration
 from transformers.modeling_outputs import BaseModelOutput
@@ -104,8 +105,6 @@ class AutoUIModel(T5ForConditionalGeneration):
         the simulator), and no second, unused loss is computed (issue 16's profile: the
         head's log-softmax was 30% of an actor update, half of it the model's own loss).
         """
-        import torch.nn.functional as F
-
         enc = _FusedEncoder(self).forward(input_ids=input_ids, attention_mask=attention_mask,
                                           image_ids=image_ids)
         dec = self.decoder(input_ids=self._shift_right(labels), attention_mask=label_mask,

@@ -392,9 +392,9 @@ class Trainer:
                      else str(Path(c.starting_policy).expanduser().resolve()))
         devices = () if c.env == "sim" else (c.env, c.android)  # sim keys as before
         devices += () if c.day == 1 else (("day", c.day),)  # day 1 keys as before
-        devices += ("constrained",) if c.constrained_decoding else ()  # off: as before
         key = self._cache_key("pile-v3", c.world, c.seed, c.pile_size, c.judge, c.temperature,
-                              c.max_new_tokens, c.horizon, c.task_file, policy_id, *devices)
+                              c.constrained_decoding, c.max_new_tokens, c.horizon, c.task_file,
+                              policy_id, *devices)
         cached = self.cache_dir / f"pile-{key}" if self.cache_dir else None
         # every process takes the same road (process 0 decides)
         if dist.broadcast_object(cached is not None and (cached / "digirl_store.json").is_file()):
