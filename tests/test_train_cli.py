@@ -170,9 +170,7 @@ def test_tensorboard_scalars(tmp_path):
     assert acc.Scalars("online/actor_loss")[0].value == pytest.approx(0.5)
 
 
-# "general" joins once policies/sft-general is built and shipped (recipes/make_starting_policy.py
-# --world general: ~20 min on 2 cores; not yet, issue 16's note)
-@pytest.mark.parametrize("world", ["webshop"])
+@pytest.mark.parametrize("world", ["webshop", "general"])
 def test_the_shipped_starting_policy_matches_the_main_jobs_config(tmp_path, world):
     """The main job (sim_webshop, on either world) loads the shipped policies/sft-<world>:
     it must have been built with the preset's SFT settings, or the README's command fails.
