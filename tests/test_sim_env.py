@@ -569,3 +569,29 @@ def test_expert_solves_shop_tasks_on_day_7_on_every_site():
 def test_expert_solves_ebay_search_on_day_7():
     env = SimPhoneEnv(['Go to ebay.com, search for "usb c cable"'], day=7, surprises=NONE)
     assert success_rate(env, ScriptedExpert(), env.tasks) == 1.0
+
+
+def test_sim_surprises_reach_every_phone_of_a_run_and_key_its_pile(tmp_path):
+    """``sim_surprises`` (issue 16, item 6): checked by name and range before anything runs,
+    given to the phones the run collects and evaluates on (the other surprises keep their
+    defaults), and part of the pile's cache key (the default key is unchanged)."""
+    from digirl_lite.envs.setup import make_phones
+    from digirl_lite.envs.sim import Surprises
+    from digirl_lite.errors import ConfigError
+    from digirl_lite.train.config import DigiRLConfig, sim_quick
+    from digirl_lite.train.trainer import Trainer
+
+    for bad, msg in (({"sponsor": 0.3}, "sim_surprises: unknown surprise 'sponsor'"),
+                     ({"sponsored": 1.5}, "sim_surprises.sponsored: a probability"),
+                     ({"sponsored": True}, "sim_surprises.sponsored: a probability")):
+        with pytest.raises(ConfigError, match=msg):
+            DigiRLConfig(sim_surprises=bad)
+    with pytest.raises(ConfigError, match="^sim_surprises: the simulated phone's"):
+        DigiRLConfig(env="android", sim_surprises={"sponsored": 0.3})
+    cfg = sim_quick(sim_surprises={"sponsored": 0.3})
+    env = make_phones(cfg, seed=0).make_env(0)
+    assert env.surprises == Surprises(sponsored=0.3)
+    assert make_phones(sim_quick(), seed=0).make_env(0).surprises == Surprises()
+    keys = {Trainer(c, tmp_path / str(i), cache_dir=None, progress=False).pile_key()
+            for i, c in enumerate((sim_quick(), cfg, sim_quick(sim_surprises={})))}
+    assert len(keys) == 2

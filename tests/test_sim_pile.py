@@ -56,6 +56,43 @@ def test_demos_are_clean_expert_successes():
         assert screens.image(sid).size == RECORD_SIZE
 
 
+def test_slipping_demonstrators_take_detours_and_recover():
+    """sft_slip_rate's demonstrations (issue 16, item 6): the demonstrator slips (a step that
+    is not the expert's) and recovers, so its successes on the same tasks are longer than the
+    clean ones and hold off-plan steps, which clean demonstrations never do; rate 0 is the
+    clean expert exactly, and the rate keys the starting policy."""
+    from digirl_lite.envs.sim.agents import expert_action
+    from digirl_lite.envs.sim.tasks import parse_task
+    from digirl_lite.train.config import sim_webshop
+    from digirl_lite.train.starting import sft_key
+    from digirl_lite.viz.regrading import replay_states
+
+    def off_plan(t):
+        states = replay_states(t, surprises={"popup": 0, "consent": 0, "voice": 0,
+                                             "reorder": 0, "blank": 0})
+        task = parse_task(t.task)
+        return sum(s.action != expert_action(st, task) for st, s in zip(states, t.steps))
+
+    clean, _, _ = generate_demos("webshop", n=30, seed=2)
+    same, _, _ = generate_demos("webshop", n=30, seed=2, slip_rate=0.0)
+    assert _content(same) == _content(clean)
+    slipped, _, stats = generate_demos("webshop", n=30, seed=2, slip_rate=0.15)
+    assert [t.task for t in slipped] == [t.task for t in clean]
+    assert stats.success_rate >= 0.8  # it recovers (a few run out of the 20 steps)
+    assert all(off_plan(t) == 0 for t in clean)
+    longer = 0
+    for a, b in zip(clean, slipped):
+        if b.is_success:
+            assert len(b) >= len(a)
+            if len(b) > len(a):
+                longer += 1
+                assert off_plan(b) >= 1
+    assert longer >= 5
+    assert sft_key(sim_webshop(sft_slip_rate=0.1)) != sft_key(sim_webshop())
+    with pytest.raises(ValueError, match="sft_slip_rate must be a probability"):
+        sim_webshop(sft_slip_rate=1.5)
+
+
 @pytest.mark.slow
 def test_make_pile_recipe_writes_loadable_stores(tmp_path, monkeypatch):
     sys.path.insert(0, str(ROOT / "recipes"))

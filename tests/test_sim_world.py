@@ -419,6 +419,47 @@ def test_reorder_permutes_results_and_first_entry_follows_display():
     assert not is_success(other, task)
 
 
+def test_a_sponsored_row_is_a_detour_a_success_can_recover_from():
+    """Surprises.sponsored (issue 16, item 6): an ad drawn like a result sits where the first
+    result was; tapping it opens another product (the task is not done), BACK brings the
+    results back without the ad, and then the first entry completes the task. The expert
+    never takes the detour; with the probability at 0 nothing changes."""
+    task = parse_task('Go to costco.com, search for "bose soundsport free", and select the '
+                      'first entry')
+    home = visit(chrome(), "costco.com")
+    clean = shop_search(home, "bose soundsport free")
+    assert clean.page.ad is None
+    r = shop_search(home, "bose soundsport free", np.random.default_rng(0), only(sponsored=1.0))
+    assert r.page.ad is not None and r.page.ad != r.page.order[0]
+    assert "sponsored" in surprises_between(home, r)
+    ad = find(r, "ad:sponsored")
+    assert ad is not None and "Sponsored" in ad.label
+    # where the first result was drawn on a clean page, the ad is now: a copy of clean
+    # screens taps it
+    assert hit_test(r, *find(clean, "result:0").center).id == "ad:sponsored"
+    assert find(r, "result:0").box[1] > ad.box[1]
+    assert find(r, "result:0").label == find(clean, "result:0").label
+    detour = tap(r, "ad:sponsored", np.random.default_rng(1), only(sponsored=1.0))
+    assert detour.page.kind == "shop_product" and detour.page.item == r.page.ad
+    assert not is_success(detour, task)
+    back = key(detour, ActionType.PRESS_BACK)
+    assert back.page.kind == "shop_results" and back.page.ad is None
+    assert find(back, "ad:sponsored") is None
+    assert is_success(tap(back, "result:0"), task)
+    # the expert goes straight to the first entry
+    assert is_success(act(r, expert_action(r, task)), task)
+    # the screen shows it: rendered, the page with the ad is another screen
+    ren = Renderer()
+    assert screen_key(r) != screen_key(clean)
+    assert np.any(np.asarray(ren.render(r)) != np.asarray(ren.render(clean)))
+    assert max_scroll(r) == max_scroll(clean) + 300
+    # off by default: the default surprises never draw an ad
+    assert Surprises().sponsored == 0.0
+    for seed in range(10):
+        s = shop_search(home, "bose soundsport free", np.random.default_rng(seed), Surprises())
+        assert s.page.ad is None
+
+
 def test_blank_page_swallows_one_gesture_but_not_home():
     rng, sur = np.random.default_rng(0), only(blank=1.0)
     s0 = initial_state()

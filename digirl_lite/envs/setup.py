@@ -210,9 +210,11 @@ def make_phones(cfg: Any, seed: int, probe: bool = True) -> Phones:
     train, test = task_list(cfg, "train"), task_list(cfg, "test")
     horizon = cfg.horizon or WORLD_HORIZON[cfg.world]
     if cfg.env == "sim":
-        from digirl_lite.envs.sim import SimEnvFactory
+        from digirl_lite.envs.sim import SimEnvFactory, Surprises
 
         kw = {"horizon": cfg.horizon} if cfg.horizon else {}
+        if cfg.sim_surprises:
+            kw["surprises"] = {**dataclasses.asdict(Surprises()), **cfg.sim_surprises}
         make = SimEnvFactory(judge=cfg.judge, seed=seed, tasks=cfg.task_file or cfg.world, **kw)
         return Phones(make, cfg.n_envs, train, test, "sim")
     plan = android_plan(cfg.android)

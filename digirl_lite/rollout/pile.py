@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from digirl_lite.data.records import ScreenTable, Source, Trajectory
-from digirl_lite.envs.sim.agents import DEFAULT_SLIP_RATE, Copier, ScriptedExpert
+from digirl_lite.envs.sim.agents import DEFAULT_SLIP_RATE, Copier, ScriptedExpert, SlippingExpert
 from digirl_lite.envs.sim.env import SimPhoneEnv
 from digirl_lite.envs.sim.world import Surprises
 from digirl_lite.rollout.episode import run_episode
@@ -235,14 +235,16 @@ def generate_pile(
 
 def generate_demos(
     world: str = "webshop", n: int = 400, seed: int = 0, day: int = 1,
-    surprise_rate: float = 0.0, varied_products: bool = False,
+    surprise_rate: float = 0.0, varied_products: bool = False, slip_rate: float = 0.0,
 ) -> tuple[list[Trajectory], ScreenTable, PileStats]:
     """The expert's demonstrations on ``world``'s train tasks: clean (no surprises) by
     default; ``surprise_rate`` scales the default surprise probabilities (0.1: a tenth of
     them), so a few demonstrations show how the expert closes a pop-up or voice input;
     ``varied_products`` replaces each task's product with a new one (:func:`vary_products`;
     General: each search's names, :func:`vary_queries`), as people searched for many more
-    things than the train list names."""
+    things than the train list names. ``slip_rate`` > 0: the demonstrator slips and
+    recovers (:class:`~digirl_lite.envs.sim.agents.SlippingExpert`), so demonstrations hold
+    detours, as people's do."""
     tasks = None
     if varied_products:
         from digirl_lite.envs.sim.tasks import load_task_file
@@ -250,5 +252,10 @@ def generate_demos(
 
         base = load_task_file(data_dir() / "tasks" / f"{world}_train.txt")
         tasks = (vary_queries if world == "general" else vary_products)(base, n, seed)
-    return _run("demo", world, n, seed, lambda i: ScriptedExpert(),
-                Surprises().scaled(surprise_rate), day, Source.OFFLINE, tasks)
+    def demonstrator(i: int):
+        if slip_rate:
+            return SlippingExpert(slip_rate, seed=_episode_seed(seed + 11, i))
+        return ScriptedExpert()
+
+    return _run("demo", world, n, seed, demonstrator, Surprises().scaled(surprise_rate), day,
+                Source.OFFLINE, tasks)

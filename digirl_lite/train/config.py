@@ -122,6 +122,14 @@ class DigiRLConfig:
     seen recovery (closing a pop-up, BACK from voice input) in a few percent of its steps
     and samples it sometimes, as AutoUI had seen some in AitW; with none, online practice
     has almost nothing to find. Evaluation and practice use the full rates."""
+    sft_slip_rate: float = 0.0
+    """Slips in the demonstrations (issue 16, item 6): the demonstrator slips at this rate
+    per step (a wrong tap, a stray tap on the microphone) and recovers, as people do in
+    their recordings (:class:`~digirl_lite.envs.sim.agents.SlippingExpert`), so the
+    starting policy has seen detours and recoveries and its successful attempts hold some
+    wasted steps (a step-level critic's material). 0 (this project's shipped policies):
+    clean demonstrations, whose successes hold almost none
+    (``benchmarks/filter_anatomy.py``)."""
     sft_copy_updates: int = 1500
     """Copy drills before SFT (this project; batch ``sft_batch``): prompts that ask to search
     for a made-up product, target the product (:func:`digirl_lite.rollout.pile.copy_drills`).
@@ -240,6 +248,13 @@ class DigiRLConfig:
     keeps learning online keeps up) compares this with and without ``actor_updates=0``
     (which freezes the policy online: no actor update, critics still trained)."""
 
+    sim_surprises: dict[str, float] = field(default_factory=dict)
+    """The simulated phone's surprise probabilities that differ from
+    :class:`digirl_lite.envs.sim.Surprises`' defaults, by name (pile, online phase and
+    evaluations alike; the starting policy's demonstrations keep their own, ``sft_*``), e.g.
+    ``{"sponsored": 0.3}``: sponsored rows above shop results, the detours issue 16's item 6
+    adds to the world (off by default). Simulator only."""
+
     def __post_init__(self) -> None:
         _check_types(self)
         if self.world not in ("webshop", "general"):
@@ -290,6 +305,24 @@ class DigiRLConfig:
         if self.day < 1 or not 0 <= self.days_per_iteration < float("inf"):
             raise ValueError(f"day must be >= 1 and days_per_iteration >= 0, got day="
                              f"{self.day}, days_per_iteration={self.days_per_iteration}")
+        if not 0 <= self.sft_slip_rate <= 1:
+            raise ValueError(f"sft_slip_rate must be a probability in [0, 1], got "
+                             f"{self.sft_slip_rate}")
+        if self.sim_surprises:
+            if self.env != "sim":
+                raise ConfigError(f"sim_surprises: the simulated phone's (env='sim'), not "
+                                  f"env={self.env!r}'s")
+            from dataclasses import fields as dc_fields
+
+            from digirl_lite.envs.sim.world import Surprises
+
+            names = [f.name for f in dc_fields(Surprises)]
+            for k, v in self.sim_surprises.items():
+                if k not in names:
+                    raise ConfigError(f"sim_surprises: unknown surprise {k!r} (the simulator "
+                                      f"has {', '.join(names)})")
+                if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= 1:
+                    raise ConfigError(f"sim_surprises.{k}: a probability in [0, 1], got {v!r}")
         if self.env != "sim" and (self.day != 1 or self.days_per_iteration):
             raise ConfigError(f"{'day' if self.day != 1 else 'days_per_iteration'}: drift "
                               "is the simulated phone's (env='sim'); real phones "

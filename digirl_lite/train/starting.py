@@ -31,7 +31,8 @@ def sft_key(cfg: Any) -> str:
     version = "sft-v3" if c.world == "webshop" else "sft-v4"
     return content_key(version, c.world, c.sft_seed, c.sft_demos, c.sft_updates,
                        c.sft_batch, c.sft_lr, c.sft_surprise_rate, c.sft_varied_products,
-                       c.sft_copy_updates, c.sft_copy_share, SIM_PRESET, vocab)
+                       c.sft_copy_updates, c.sft_copy_share, SIM_PRESET, vocab,
+                       *((("slip", c.sft_slip_rate),) if c.sft_slip_rate else ()))
 
 
 def save_starting_policy(policy: Any, cfg: Any, directory: str | Path) -> Path:
@@ -46,7 +47,7 @@ def save_starting_policy(policy: Any, cfg: Any, directory: str | Path) -> Path:
         "sft_surprise_rate": cfg.sft_surprise_rate,
         "sft_varied_products": cfg.sft_varied_products,
         "sft_copy_updates": cfg.sft_copy_updates,
-        "sft_copy_share": cfg.sft_copy_share}, indent=1))
+        "sft_copy_share": cfg.sft_copy_share, "sft_slip_rate": cfg.sft_slip_rate}, indent=1))
     return d
 
 
@@ -106,7 +107,8 @@ def train_sft(cfg: Any, features: Any, *, device: Any = "cpu", process_index: in
     c = cfg
     demos, dscreens, _ = generate_demos(c.world, n=c.sft_demos, seed=c.sft_seed,
                                         surprise_rate=c.sft_surprise_rate,
-                                        varied_products=c.sft_varied_products)
+                                        varied_products=c.sft_varied_products,
+                                        slip_rate=c.sft_slip_rate)
     features.fill(dscreens)
     steps = [s for t in demos for s in t.steps]
     policy = AutoUIPolicy.sim_preset(seed=c.sft_seed).to(device)

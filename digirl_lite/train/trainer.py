@@ -376,6 +376,18 @@ class Trainer:
         return policy
 
     # -- the stored pile ------------------------------------------------------------------
+    def pile_key(self) -> str:
+        """The cache key of the pile: every setting that changes what it holds."""
+        c = self.cfg
+        policy_id = (self.sft_key() if c.starting_policy in ("sft", "shipped")
+                     else str(Path(c.starting_policy).expanduser().resolve()))
+        devices = () if c.env == "sim" else (c.env, c.android)  # sim keys as before
+        devices += () if c.day == 1 else (("day", c.day),)  # day 1 keys as before
+        devices += (("surprises", sorted(c.sim_surprises.items())),) if c.sim_surprises else ()
+        return self._cache_key("pile-v3", c.world, c.seed, c.pile_size, c.judge, c.temperature,
+                               c.constrained_decoding, c.max_new_tokens, c.horizon, c.task_file,
+                               policy_id, *devices)
+
     def build_pile(self) -> list[Trajectory]:
         """The starting policy's own attempts on train tasks, scored by the judge (cached).
         A pile already in the run's store (stored before a crash) is read back, not
@@ -388,13 +400,7 @@ class Trainer:
             self.log(stage="pile", from_store=str(self.out / "store"),
                      trajectories=len(stored))
             return stored
-        policy_id = (self.sft_key() if c.starting_policy in ("sft", "shipped")
-                     else str(Path(c.starting_policy).expanduser().resolve()))
-        devices = () if c.env == "sim" else (c.env, c.android)  # sim keys as before
-        devices += () if c.day == 1 else (("day", c.day),)  # day 1 keys as before
-        key = self._cache_key("pile-v3", c.world, c.seed, c.pile_size, c.judge, c.temperature,
-                              c.constrained_decoding, c.max_new_tokens, c.horizon, c.task_file,
-                              policy_id, *devices)
+        key = self.pile_key()
         cached = self.cache_dir / f"pile-{key}" if self.cache_dir else None
         # every process takes the same road (process 0 decides)
         if dist.broadcast_object(cached is not None and (cached / "digirl_store.json").is_file()):

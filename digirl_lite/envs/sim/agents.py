@@ -6,6 +6,11 @@ and write AutoUI action strings.
 * :class:`ScriptedExpert` solves every supported task and recovers from every surprise:
   it dismisses pop-ups and banners, backs out of voice input and wrong pages, waits out
   blank pages, scrolls back to the first entry.
+* :class:`SlippingExpert` is the expert as a person records a demonstration: it slips at
+  ``slip_rate`` (the copier's slips: a wrong tap or a stray tap on the microphone) and,
+  being the expert, then recovers from wherever the slip took it. Its successful episodes
+  hold detours (the slip and the steps that undo it): the wasted steps a step-level critic
+  can grade down (issue 16, item 6).
 * :class:`Copier` behaves like a policy trained only on clean demonstrations (the AutoUI
   role in the paper): on screens it saw in demonstrations it acts like the expert; on
   anything else (a pop-up, voice input, a page it reached by mistake) it carries on with
@@ -35,7 +40,8 @@ from digirl_lite.envs.sim.world import (
     transition,
 )
 
-__all__ = ["expert_action", "ScriptedExpert", "Copier", "DEFAULT_SLIP_RATE"]
+__all__ = ["expert_action", "slip_action", "ScriptedExpert", "SlippingExpert", "Copier",
+           "DEFAULT_SLIP_RATE"]
 
 DEFAULT_SLIP_RATE = 0.05
 """Chosen so the copier succeeds on roughly 15-20% of Web Shopping tasks with the default
@@ -97,6 +103,20 @@ def expert_action(state: PhoneState, task: Task) -> Action:
     return _type_and_submit(state, "search_box", task.query or "")
 
 
+def slip_action(state: PhoneState, intended: Action, rng: np.random.Generator) -> Action:
+    """A slip on ``state`` instead of ``intended``: half the time (where there is one) a
+    stray tap on a microphone, else a tap on another element (an icon, tile, row, field).
+    ``intended`` when the screen has nothing else to tap."""
+    els = [e for e in layout(state) if e.kind in ("icon", "tile", "row", "field", "mic")]
+    mics = [e for e in els if e.kind == "mic"]
+    if mics and rng.random() < 0.5:
+        return _tap(mics[int(rng.integers(len(mics)))])
+    others = [e for e in els if _tap(e) != intended]
+    if not others:
+        return intended
+    return _tap(others[int(rng.integers(len(others)))])
+
+
 def _task_of(obs: Observation) -> Task:
     return parse_task(obs.task)
 
@@ -111,6 +131,37 @@ class ScriptedExpert:
         if not isinstance(obs.state, PhoneState):
             raise TypeError("ScriptedExpert needs the simulator's state in obs.state")
         return format_action(expert_action(obs.state, _task_of(obs)))
+
+
+class SlippingExpert:
+    """The expert recording a demonstration: it slips at ``slip_rate`` per step (not on a
+    stop action, and only on a clean screen) and recovers as the expert does.
+
+    Args:
+        slip_rate: probability per step of a slip (:func:`slip_action`).
+        seed: seeds the slips.
+    """
+
+    def __init__(self, slip_rate: float = DEFAULT_SLIP_RATE, seed: int | None = 0) -> None:
+        if not 0.0 <= slip_rate <= 1.0:
+            raise ValueError(f"slip_rate must be in [0, 1], got {slip_rate}")
+        self.slip_rate = slip_rate
+        self.rng = np.random.default_rng(seed)
+        self.slip_steps: list[int] = []  # steps of the current episode where it slipped
+
+    def act(self, obs: Observation) -> str:
+        if not isinstance(obs.state, PhoneState):
+            raise TypeError("SlippingExpert needs the simulator's state in obs.state")
+        if obs.step == 0:
+            self.slip_steps = []
+        intended = expert_action(obs.state, _task_of(obs))
+        if (self.slip_rate and not intended.ends_episode and obs.state.clean
+                and self.rng.random() < self.slip_rate):
+            action = slip_action(obs.state, intended, self.rng)
+            if action != intended:
+                self.slip_steps.append(obs.step)
+            return format_action(action)
+        return format_action(intended)
 
 
 def _sync_key(s: PhoneState) -> tuple:
@@ -167,18 +218,8 @@ class Copier:
         intended = expert_action(clean_belief, self._task)
         action = intended
         if not intended.ends_episode and self.rng.random() < self.slip_rate:
-            action = self._slip(clean_belief, intended)
+            action = slip_action(clean_belief, intended, self.rng)
             self.slip_steps.append(obs.step)
         # It does not notice its slips: it believes the intended action took effect.
         self._belief = transition(clean_belief, to_gesture(intended, WIDTH, HEIGHT))
         return format_action(action)
-
-    def _slip(self, state: PhoneState, intended: Action) -> Action:
-        els = [e for e in layout(state) if e.kind in ("icon", "tile", "row", "field", "mic")]
-        mics = [e for e in els if e.kind == "mic"]
-        if mics and self.rng.random() < 0.5:
-            return _tap(mics[int(self.rng.integers(len(mics)))])
-        others = [e for e in els if _tap(e) != intended]
-        if not others:
-            return intended
-        return _tap(others[int(self.rng.integers(len(others)))])

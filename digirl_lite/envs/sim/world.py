@@ -10,7 +10,8 @@ results list and product pages), and a plain home screen for every other app.
 
 Surprises (each with a probability in :class:`Surprises`): a pop-up over a page, a consent
 banner, a tap on a search box that opens voice input instead, results in another order, a
-page that loads blank (white) first. Drift: ``day`` moves and recolours elements.
+page that loads blank (white) first, a sponsored row above a shop's results (off by
+default). Drift: ``day`` moves and recolours elements.
 """
 
 from __future__ import annotations
@@ -64,16 +65,25 @@ class Surprises:
     """A results list comes in another order (the first entry is another product)."""
     blank: float = 0.1
     """A page shows blank (white) for one step before it loads; the step's action is lost."""
+    sponsored: float = 0.0
+    """A sponsored row at the top of a shop's results list, drawn like a result (title,
+    "Sponsored" and a price) where the first result would be, the real results one row lower.
+    Tapping it opens the advertised product (another entry of the list, so a "select the
+    first entry" task is not done there); BACK returns to the results without the ad (it
+    shows once per search). A detour that a successful attempt can contain and recover from,
+    the steps a step-level critic should grade down (issue 16, item 6: without it, successful
+    attempts on this world hold almost no wasted steps). Off by default: the runs and the
+    shipped starting policies of this project are on the world without it."""
 
     def __post_init__(self) -> None:
-        for name in ("popup", "consent", "voice", "reorder", "blank"):
+        for name in ("popup", "consent", "voice", "reorder", "blank", "sponsored"):
             p = getattr(self, name)
             if not 0.0 <= p <= 1.0:
                 raise ValueError(f"Surprises.{name} must be a probability in [0, 1], got {p}")
 
     @classmethod
     def none(cls) -> Surprises:
-        return cls(0.0, 0.0, 0.0, 0.0, 0.0)
+        return cls(0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
 
     def scaled(self, factor: float) -> Surprises:
         """Every probability times ``factor`` (in [0, 1]): a calmer (or no) day."""
@@ -85,7 +95,8 @@ class Surprises:
 
 @dataclass(frozen=True)
 class Page:
-    """Where the phone is. ``order`` is the results' display order (catalogue indices)."""
+    """Where the phone is. ``order`` is the results' display order (catalogue indices);
+    ``ad`` the catalogue index of a sponsored row's product above them (None: no ad)."""
 
     app: str = "launcher"
     kind: str = "launcher"
@@ -94,6 +105,7 @@ class Page:
     item: int | None = None
     order: tuple[int, ...] = ()
     scroll: int = 0
+    ad: int | None = None
 
 
 @dataclass(frozen=True)
@@ -254,7 +266,8 @@ def _list_items(state: PhoneState, top: int, titles: list[tuple[str, str]], pref
 def max_scroll(state: PhoneState) -> int:
     if state.page.kind not in SCROLLABLE:
         return 0
-    return max(0, N_RESULTS * RESULT_H + 700 - HEIGHT)
+    rows = N_RESULTS + (state.page.ad is not None)
+    return max(0, rows * RESULT_H + 700 - HEIGHT)
 
 
 def _page_elements(state: PhoneState) -> list[Element]:
@@ -346,8 +359,16 @@ def _page_elements(state: PhoneState) -> list[Element]:
                                f"Deal {k + 1}", _tint((255, 244, 229), d, f"{site.key}{k}")))
         return els
     # shop_results
-    rows = [results_for(p.site, p.query or "")[i] for i in p.order]
-    return els + _list_items(state, sy + 160, rows, "result", color)
+    catalogue = results_for(p.site, p.query or "")
+    rows = [catalogue[i] for i in p.order]
+    if p.ad is None:
+        return els + _list_items(state, sy + 160, rows, "result", color)
+    title, price = catalogue[p.ad]
+    items = _list_items(state, sy + 160, [(title, f"Sponsored  {price}")] + rows, "row", color)
+    for el in items:  # slot 0 is the ad, slot k + 1 the k-th result
+        slot = int(el.id.split(":", 1)[1])
+        els.append(replace(el, id="ad:sponsored" if slot == 0 else f"result:{slot - 1}"))
+    return els
 
 
 def _google_rows(query: str) -> list[tuple[str, str]]:
@@ -437,6 +458,8 @@ def _goto(state: PhoneState, page: Page, rng: np.random.Generator | None,
 
     if page.kind == "shop_results" and draw(sur.reorder):
         page = replace(page, order=tuple(int(i) for i in rng.permutation(N_RESULTS)))
+    if page.kind == "shop_results" and draw(sur.sponsored):  # any entry but the first shown
+        page = replace(page, ad=int(page.order[1 + int(rng.integers(0, N_RESULTS - 1))]))
     overlay = None
     seen = state.sites_seen
     if page.site and page.site not in seen:
@@ -508,6 +531,10 @@ def _tap(state: PhoneState, x: float, y: float, rng, sur: Surprises) -> PhoneSta
         if site and slot == 0:
             return _goto(state, Page("chrome", "shop_home", site=site), rng, sur)
         return _goto(state, Page("chrome", "web_result", query=p.query, item=slot), rng, sur)
+    if eid == "ad:sponsored":  # the results come back without the ad
+        here = replace(state, page=replace(p, ad=None))
+        return _goto(here, Page("chrome", "shop_product", site=p.site, query=p.query,
+                                item=p.ad, order=p.order), rng, sur)
     if eid.startswith("promo:"):
         k = int(eid.split(":", 1)[1])
         return _goto(state, Page("chrome", "shop_product", site=p.site, item=k), rng, sur)
@@ -574,6 +601,8 @@ def surprises_between(before: PhoneState, after: PhoneState) -> list[str]:
     if (p.kind == "shop_results" and p != before.page and p.order
             and p.order != tuple(range(len(p.order)))):
         out.append("reorder")
+    if p.ad is not None and p != before.page:
+        out.append("sponsored")
     return out
 
 
@@ -635,6 +664,8 @@ def describe(state: PhoneState) -> str:
             what = f"{site} search results for '{p.query}'"
         else:
             what = f"a product page on {site} ('{_product(p)[0]}')"
+    if p.ad is not None:
+        what += " under a sponsored row"
     if state.overlay == "popup":
         what += ", covered by a pop-up dialog"
     elif state.overlay == "voice":
