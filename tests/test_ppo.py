@@ -1,0 +1,146 @@
+"""Darwin's learner math (digirl_lite.ppo) against DARWIN.md section D's worked numbers and a
+slow per-token reference."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from digirl_lite import ppo
+
+V = [0.5, 0.6, 0.7, 0.8, 0.9]
+R = [0.0, 1.0]
+LENGTHS = [2, 3]
+
+
+def gae_reference(values, rewards, lengths, gamma, lam, terminal=True, last_value=0.0):
+    """A_i = sum_k (prod_{i <= j < k} c_j * lam) * delta_k, spelled out token by token."""
+    tokens = []  # (value, reward after the token, discount to the next token)
+    i = 0
+    for r, n in zip(rewards, lengths):
+        for j in range(n):
+            last = j == n - 1
+            tokens.append((values[i], r if last else 0.0, gamma if last else 1.0))
+            i += 1
+    n = len(tokens)
+    delta = []
+    for i, (v, r, c) in enumerate(tokens):
+        nxt = tokens[i + 1][0] if i + 1 < n else (0.0 if terminal else last_value)
+        delta.append(r + c * nxt - v)
+    adv = []
+    for i in range(n):
+        total, w = 0.0, 1.0
+        for k in range(i, n):
+            total += w * delta[k]
+            w *= tokens[k][2] * lam
+        adv.append(total)
+    return np.array(adv), np.array(adv) + np.array([t[0] for t in tokens])
+
+
+def test_token_gae_matches_section_d():
+    adv, ret = ppo.token_gae(V, R, LENGTHS, gamma=0.9, lam=0.5)
+    np.testing.assert_allclose(adv, [0.154375, 0.10875, 0.175, 0.15, 0.1], atol=1e-12)
+    np.testing.assert_allclose(ret, [0.654375, 0.70875, 0.875, 0.95, 1.0], atol=1e-12)
+    np.testing.assert_allclose(ppo.value_targets(adv, V), ret)
+    # torch tensors in, numpy out
+    a_t, _ = ppo.token_gae(torch.tensor(V), torch.tensor(R), torch.tensor(LENGTHS), 0.9, 0.5)
+    assert isinstance(a_t, np.ndarray)
+    np.testing.assert_allclose(a_t, adv, atol=1e-6)
+
+
+def test_token_gae_limits_of_section_d():
+    # gamma = lambda = 1: Monte Carlo, A_i = R - v_i and every return is R = 1
+    adv, ret = ppo.token_gae(V, R, LENGTHS, gamma=1.0, lam=1.0)
+    np.testing.assert_allclose(adv, 1.0 - np.array(V), atol=1e-12)
+    np.testing.assert_allclose(ret, np.ones(5), atol=1e-12)
+    # gamma 0.9, lambda 1: A_1 = 0.4 and G_1 = 0.9 (= gamma * r_2)
+    adv, ret = ppo.token_gae(V, R, LENGTHS, gamma=0.9, lam=1.0)
+    assert adv[0] == pytest.approx(0.4) and ret[0] == pytest.approx(0.9)
+
+
+@pytest.mark.parametrize("seed", range(25))
+def test_token_gae_equals_the_per_token_reference(seed):
+    rng = np.random.default_rng(seed)
+    t = int(rng.integers(1, 7))
+    lengths = rng.integers(1, 6, t)
+    values = rng.normal(size=int(lengths.sum()))
+    rewards = rng.normal(size=t) * (rng.random(t) < 0.5)
+    gamma, lam = float(rng.random()), float(rng.random())
+    terminal = bool(rng.random() < 0.5)
+    last = float(rng.normal())
+    got = ppo.token_gae(values, rewards, lengths, gamma, lam, terminal, last)
+    want = gae_reference(values, rewards, lengths, gamma, lam, terminal, last)
+    np.testing.assert_allclose(got[0], want[0], atol=1e-10)
+    np.testing.assert_allclose(got[1], want[1], atol=1e-10)
+
+
+def test_token_gae_bootstraps_a_truncated_trajectory_only_when_asked():
+    """Infrastructure truncations are terminal (value 0 after) by default (A.6); with
+    terminal=False the last token takes gamma * last_value."""
+    a_term, _ = ppo.token_gae([0.2, 0.3], [0.0], [2], gamma=0.9, lam=0.5)
+    a_boot, _ = ppo.token_gae([0.2, 0.3], [0.0], [2], gamma=0.9, lam=0.5, terminal=False,
+                              last_value=0.8)
+    assert a_term[-1] == pytest.approx(-0.3)
+    assert a_boot[-1] == pytest.approx(0.9 * 0.8 - 0.3)
+
+
+@pytest.mark.parametrize("values, rewards, lengths, msg", [
+    ([0.1, 0.2], [0.0], [3], "sum to 3 tokens but there are 2 values"),
+    ([0.1, 0.2], [0.0, 1.0], [2], "2 rewards but 1 step lengths"),
+    ([0.1, 0.2], [0.0, 1.0], [2, 0], "at least one action token"),
+])
+def test_token_gae_rejects_shapes_that_do_not_fit(values, rewards, lengths, msg):
+    with pytest.raises(ValueError, match=msg):
+        ppo.token_gae(values, rewards, lengths)
+    with pytest.raises(ValueError, match="gamma and lam"):
+        ppo.token_gae([0.1], [1.0], [1], gamma=1.5)
+
+
+def test_ppo_clip_loss_matches_section_d_in_numpy_and_torch():
+    rho, adv = [1.5, 0.5, 1.1], [1.0, -1.0, 1.0]
+    np.testing.assert_allclose(ppo.ppo_clip_loss(rho, adv), [-1.2, 0.8, -1.1])
+    r = torch.tensor(rho, requires_grad=True)
+    loss = ppo.ppo_clip_loss(r, torch.tensor(adv))
+    assert torch.allclose(loss, torch.tensor([-1.2, 0.8, -1.1]))
+    loss.sum().backward()
+    # clipped tokens pass no gradient; the unclipped one gets -A
+    assert r.grad.tolist() == pytest.approx([0.0, 0.0, -1.0])
+
+
+def test_grpo_advantages_use_the_population_std_by_default():
+    np.testing.assert_allclose(ppo.grpo_advantages([1, 0, 0, 1]), [1, -1, -1, 1], atol=1e-5)
+    np.testing.assert_allclose(ppo.grpo_advantages([1, 0, 0, 1], std="sample"),
+                               [0.866, -0.866, -0.866, 0.866], atol=1e-3)
+    assert ppo.grpo_advantages([1, 1, 1]).tolist() == [0.0, 0.0, 0.0]
+    assert ppo.grpo_advantages([0.0, 0.0]).tolist() == [0.0, 0.0]
+    with pytest.raises(ValueError, match="population"):
+        ppo.grpo_advantages([1, 0], std="biased")
+
+
+def test_kl_k3_is_zero_where_the_policies_agree_and_positive_elsewhere():
+    lp = np.log([0.2, 0.5, 0.9])
+    assert np.allclose(ppo.kl_k3(lp, lp), 0.0)
+    ref = np.log([0.4, 0.5, 0.3])
+    k = ppo.kl_k3(lp, ref)
+    assert (k[[0, 2]] > 0).all() and k[1] == pytest.approx(0.0)
+    # unbiased: the mean over tokens sampled from p is KL(p || q)
+    rng = np.random.default_rng(0)
+    p, q = np.array([0.7, 0.2, 0.1]), np.array([0.3, 0.3, 0.4])
+    x = rng.choice(3, size=200_000, p=p)
+    est = ppo.kl_k3(np.log(p[x]), np.log(q[x])).mean()
+    assert est == pytest.approx(float(np.sum(p * np.log(p / q))), rel=0.02)
+    t = ppo.kl_k3(torch.tensor(lp), torch.tensor(ref))
+    assert torch.is_tensor(t) and np.allclose(t.numpy(), k)
+
+
+def test_import_is_light():
+    """digirl_lite.ppo imports neither torch nor transformers."""
+    code = ("import sys, digirl_lite.ppo; "
+            "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout.strip()
+    assert out == "[]"
