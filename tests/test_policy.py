@@ -393,3 +393,74 @@ def test_bf16_updates_stay_close_to_fp32_and_restore_the_attention():
     with pytest.raises(ValueError, match="precision"):
         with actor_precision(p, "fp16"):
             pass
+
+
+def _decoder_states(p, prompts, feats, actions):
+    """The decoder's last hidden states over the padded batch, the plain way."""
+    enc = p.tokenizer(prompts)
+    act = p.tokenizer(actions, max_length=None)
+    labels, mask = act["input_ids"], act["attention_mask"]
+    out = p.model(**enc, image_ids=feats, labels=labels.masked_fill(mask == 0, -100),
+                  decoder_attention_mask=mask, output_hidden_states=True)
+    return out.decoder_hidden_states[-1], mask
+
+
+def test_value_head_gives_a_value_per_action_token_from_the_decoder_state():
+    """Issue 17, item 2: per-token values from the decoder state that writes each token
+    (a linear head, bias 0.1 at first, DARWIN.md A.6), beside the same per-token
+    log-probabilities log_prob sums; masked at pads, in the caller's order, bucketed or not;
+    the value loss reaches the head and the T5 body."""
+    from digirl_lite.policy import VALUE_BIAS
+
+    p = small(seed=6)
+    assert p.value_head_fresh and VALUE_BIAS == 0.1
+    assert p.value_head.linear.bias.item() == pytest.approx(0.1)
+    prompts = [PROMPT, "Previous Actions: Goal: Open the clock</s>", PROMPT]
+    actions = [HOME, TAP, format_action(Action.type_text("usb c hub"))]
+    feats = torch.randn(3, 16)
+    logp, values, mask = p.token_log_probs_and_values(prompts, feats, actions)
+    assert logp.shape == values.shape == mask.shape
+    assert torch.allclose(logp.sum(-1), p.log_prob(prompts, feats, actions), atol=1e-6)
+    assert (values[mask == 0] == 0).all() and (values[mask == 1] - 0.1).abs().max() < 0.2
+    hidden, ref_mask = _decoder_states(p, prompts, feats, actions)
+    assert torch.equal(mask, ref_mask)
+    want = p.value_head(hidden) * ref_mask
+    assert torch.allclose(values, want, atol=1e-5)
+    p.bucket_rows = 1
+    _, v1, _ = p.token_log_probs_and_values(prompts, feats, actions)
+    assert torch.allclose(v1, values, atol=1e-5)
+    ((values - 1.0) ** 2 * mask).sum().backward()
+    assert p.value_head.linear.weight.grad.abs().sum() > 0
+    assert p.model.decoder.block[0].layer[0].SelfAttention.q.weight.grad.abs().sum() > 0
+    assert all(q not in set(p.parameters()) for q in p.value_head.parameters())
+
+
+def test_value_head_saves_and_loads_with_the_policy_and_is_fresh_where_absent(tmp_path, caplog):
+    import json
+    import logging
+
+    p = small(seed=7)
+    with torch.no_grad():
+        p.value_head.linear.weight.normal_()
+        p.value_head.linear.bias.fill_(-0.7)
+    p.save(tmp_path / "pol")
+    q = AutoUIPolicy.load(tmp_path / "pol")
+    assert not q.value_head_fresh
+    for a, b in zip(p.value_head.state_dict().values(), q.value_head.state_dict().values()):
+        assert torch.equal(a, b)
+    feats = torch.randn(2, 16)
+    assert torch.equal(p.token_log_probs_and_values([PROMPT] * 2, feats, [HOME, TAP])[1],
+                       q.token_log_probs_and_values([PROMPT] * 2, feats, [HOME, TAP])[1])
+    # a policy saved before the value head existed (the shipped starting policies): fresh
+    (tmp_path / "pol" / "value_head.safetensors").unlink()
+    meta = json.loads((tmp_path / "pol" / "digirl_policy.json").read_text())
+    del meta["value_head"]
+    (tmp_path / "pol" / "digirl_policy.json").write_text(json.dumps(meta))
+    with caplog.at_level(logging.INFO, logger="digirl_lite.policy.policy"):
+        old = AutoUIPolicy.load(tmp_path / "pol")
+    assert old.value_head_fresh and old.value_head.linear.bias.item() == pytest.approx(0.1)
+    assert "has no value head: a fresh one" in caplog.text
+    for a, b in zip(p.model.state_dict().values(), old.model.state_dict().values()):
+        assert torch.equal(a, b)
+    shipped = AutoUIPolicy.load(data_dir() / "policies" / "sft-webshop")
+    assert shipped.value_head_fresh

@@ -11,6 +11,8 @@ _NAMES = {
     "AutoUIPolicy": "digirl_lite.policy.policy",
     "SIM_PRESET": "digirl_lite.policy.policy",
     "REFERENCE_CLAMP": "digirl_lite.policy.policy",
+    "ValueHead": "digirl_lite.policy.policy",
+    "VALUE_BIAS": "digirl_lite.policy.policy",
     "AutoUIModel": "digirl_lite.policy.model",
     "SPTokenizer": "digirl_lite.policy.tokenizer",
     "HFTokenizer": "digirl_lite.policy.tokenizer",

@@ -105,19 +105,28 @@ class AutoUIModel(T5ForConditionalGeneration):
         the simulator), and no second, unused loss is computed (issue 16's profile: the
         head's log-softmax was 30% of an actor update, half of it the model's own loss).
         """
+        return self.action_token_outputs(input_ids, attention_mask, image_ids, labels,
+                                         label_mask)[0]
+
+    def action_token_outputs(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                             image_ids: torch.Tensor, labels: torch.Tensor,
+                             label_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`action_token_log_probs` and the decoder's last hidden states that predict
+        each label, (B, T) and (B, T, d_model) (a value head reads the latter: the state
+        from which token t is written)."""
         enc = _FusedEncoder(self).forward(input_ids=input_ids, attention_mask=attention_mask,
                                           image_ids=image_ids)
         dec = self.decoder(input_ids=self._shift_right(labels), attention_mask=label_mask,
                            encoder_hidden_states=enc.last_hidden_state,
                            encoder_attention_mask=attention_mask)
-        h = dec.last_hidden_state
+        hidden = h = dec.last_hidden_state
         if getattr(self.config, "scale_decoder_outputs", self.config.tie_word_embeddings):
             h = h * (self.model_dim ** -0.5)  # what T5's own forward does before its head
         sel = label_mask.bool()
         logits = self.lm_head(h[sel]).float()
         tok = -F.cross_entropy(logits, labels[sel], reduction="none")
         return torch.zeros(labels.shape, dtype=tok.dtype, device=tok.device).masked_scatter(
-            sel, tok)
+            sel, tok), hidden
 
     def get_encoder(self, *args, **kwargs):
         return _FusedEncoder(self)

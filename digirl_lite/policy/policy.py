@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -12,7 +13,9 @@ import torch
 from digirl_lite.policy.model import AutoUIModel
 from digirl_lite.policy.tokenizer import SIM_TOKENIZER_FILE, HFTokenizer, SPTokenizer
 
-__all__ = ["AutoUIPolicy", "SIM_PRESET", "REFERENCE_CLAMP"]
+__all__ = ["AutoUIPolicy", "SIM_PRESET", "REFERENCE_CLAMP", "ValueHead", "VALUE_BIAS"]
+
+log = logging.getLogger(__name__)
 
 REFERENCE_CLAMP = (0.001, 0.99)
 """The released code clamps per-token probabilities to this range before the log (a quirk,
@@ -32,6 +35,28 @@ SIM_PRESET: dict[str, Any] = {
 }
 
 _POLICY_FILE = "digirl_policy.json"
+_VALUE_FILE = "value_head.safetensors"
+
+VALUE_BIAS = 0.1
+"""The value head's output bias at initialisation (Darwin, DARWIN.md A.6: a randomly
+initialised critic without warm-up collapsed the policy; an output bias of 0.1, or 30
+critic-only warm-up updates, prevented it)."""
+
+
+class ValueHead(torch.nn.Module):
+    """Per-token values from the decoder's hidden states: one linear layer, (..., d) ->
+    (...). Weights start small (normal, std 0.01) and the bias at :data:`VALUE_BIAS`, so a
+    fresh head says about 0.1 everywhere."""
+
+    def __init__(self, d_model: int) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(d_model, 1)
+        with torch.no_grad():
+            self.linear.weight.normal_(0.0, 0.01)
+            self.linear.bias.fill_(VALUE_BIAS)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.linear(hidden.to(self.linear.weight.dtype)).squeeze(-1)
 
 
 def _as_tensor(x: Any) -> torch.Tensor:
@@ -49,6 +74,8 @@ class AutoUIPolicy:
             :class:`~digirl_lite.policy.tokenizer.HFTokenizer` (a real checkpoint's).
         max_prompt_tokens: prompts are cut from the left beyond this (the goal is kept).
         device: where the model runs.
+        value_head: per-token values for Darwin's learner (a fresh :class:`ValueHead` by
+            default; ``value_head_fresh`` says whether it was trained or loaded).
     """
 
     bucket_rows: int = 32
@@ -56,11 +83,14 @@ class AutoUIPolicy:
     simulator's actor update, batch 128: see benchmarks/bench_actor.py)."""
 
     def __init__(self, model: AutoUIModel, tokenizer, max_prompt_tokens: int = 512,
-                 device: str | torch.device = "cpu") -> None:
+                 device: str | torch.device = "cpu", value_head: ValueHead | None = None
+                 ) -> None:
         self.model = model.to(device)
         self.tokenizer = tokenizer
         self.max_prompt_tokens = max_prompt_tokens
         self.device = torch.device(device)
+        self.value_head_fresh = value_head is None
+        self.value_head = (value_head or ValueHead(model.config.d_model)).to(device)
 
     @property
     def img_dim(self) -> int:
@@ -70,9 +100,12 @@ class AutoUIPolicy:
         """Move the model (in place) to ``device``; returns the policy."""
         self.device = torch.device(device)
         self.model.to(self.device)
+        self.value_head.to(self.device)
         return self
 
     def parameters(self):
+        """The model's parameters (the actor's); the value head's are
+        ``value_head.parameters()``."""
         return self.model.parameters()
 
     def num_parameters(self) -> int:
@@ -151,11 +184,30 @@ class AutoUIPolicy:
         Returns:
             (B,) tensor.
         """
+        tok, _, mask = self._score(prompts, image_features, actions, clamp=clamp)
+        return tok.sum(dim=-1) if len(tok) else torch.zeros(0, device=self.device)
+
+    def token_log_probs_and_values(self, prompts: Sequence[str], image_features: Any,
+                                   actions: Sequence[str]
+                                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Per action token: teacher-forced log-probabilities and the value head's values
+        (from the decoder state that writes the token), with the mask of real tokens (eos
+        included). Differentiable in both the model and the value head.
+
+        Returns:
+            (log_probs, values, mask), each (B, T), T the longest action's tokens; 0 at pads.
+        """
+        return self._score(prompts, image_features, actions, values=True)
+
+    def _score(self, prompts: Sequence[str], image_features: Any, actions: Sequence[str],
+               clamp: tuple[float, float] | None = None, values: bool = False
+               ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
         if not (len(prompts) == len(actions)):
             raise ValueError(f"{len(prompts)} prompts but {len(actions)} actions")
         n = len(prompts)
         if n == 0:
-            return torch.zeros(0, device=self.device)
+            empty = torch.zeros(0, 0, device=self.device)
+            return empty, (empty if values else None), empty
         enc = self._encode_prompts(prompts)
         act = self.tokenizer(list(actions), max_length=None)
         ids, amask = enc["input_ids"], enc["attention_mask"]
@@ -166,15 +218,22 @@ class AutoUIPolicy:
         # action: a batch padded to its longest row was ~40% pads (an exact saving)
         plen, alen = amask.sum(-1), mask.sum(-1)
         order = torch.argsort(plen * (labels.shape[1] + 1) + alen, stable=True)
-        parts = []
+        t_max = int(alen.max())
+        parts, vparts = [], []
         for rows in order.split(self.bucket_rows):
             pl, al = int(plen[rows].max()), int(alen[rows].max())
-            tok = self.model.action_token_log_probs(
+            tok, hidden = self.model.action_token_outputs(
                 ids[rows, :pl], amask[rows, :pl], img[rows], labels[rows, :al], mask[rows, :al])
             if clamp is not None:
                 tok = torch.log(tok.exp().clamp(min=clamp[0], max=clamp[1])) * mask[rows, :al]
-            parts.append(tok.sum(dim=-1))
-        return torch.cat(parts)[torch.argsort(order)]
+            parts.append(torch.nn.functional.pad(tok, (0, t_max - al)))
+            if values:
+                v = self.value_head(hidden) * mask[rows, :al]
+                vparts.append(torch.nn.functional.pad(v, (0, t_max - al)))
+        back = torch.argsort(order)
+        out_mask = mask[:, :t_max]
+        return (torch.cat(parts)[back], torch.cat(vparts)[back] if values else None,
+                out_mask)
 
     # -- persistence ----------------------------------------------------------------------
     def save(self, directory: str | Path) -> Path:
@@ -199,14 +258,20 @@ class AutoUIPolicy:
                       str(d / _UNTIED_FILE))
         self.tokenizer.save(d)
         kind = "sentencepiece" if isinstance(self.tokenizer, SPTokenizer) else "hf"
+        from safetensors.torch import save_file
+
+        save_file({f"value_head.{k}": v.detach().contiguous()
+                   for k, v in self.value_head.state_dict().items()}, str(d / _VALUE_FILE))
         (d / _POLICY_FILE).write_text(json.dumps({
             "tokenizer": kind, "max_prompt_tokens": self.max_prompt_tokens,
-            "untied_lm_head": untied}))
+            "untied_lm_head": untied, "value_head": True}))
         return d
 
     @classmethod
     def load(cls, directory: str | Path, device: str = "cpu") -> AutoUIPolicy:
-        """Load what :meth:`save` wrote (never unpickles)."""
+        """Load what :meth:`save` wrote (never unpickles). A directory saved without a value
+        head (before it existed, or the shipped starting policies) gets a fresh one
+        (``value_head_fresh``), and the log says so."""
         d = Path(directory)
         meta_path = d / _POLICY_FILE
         if not meta_path.is_file():
@@ -236,7 +301,16 @@ class AutoUIPolicy:
             from transformers import AutoTokenizer
 
             tok = HFTokenizer(AutoTokenizer.from_pretrained(str(d)))
-        return cls(model, tok, meta.get("max_prompt_tokens", 512), device)
+        head = None
+        if meta.get("value_head") and (d / _VALUE_FILE).is_file():
+            from safetensors.torch import load_file
+
+            head = ValueHead(model.config.d_model)
+            head.load_state_dict({k.removeprefix("value_head."): v
+                                  for k, v in load_file(str(d / _VALUE_FILE)).items()})
+        else:
+            log.info("%s has no value head: a fresh one (output bias %.1f)", d, VALUE_BIAS)
+        return cls(model, tok, meta.get("max_prompt_tokens", 512), device, value_head=head)
 
     @classmethod
     def from_pretrained(cls, local_dir: str | Path, img_dim: int = 1408, device: str = "cpu",
@@ -282,6 +356,8 @@ class AutoUIPolicy:
         model.eval()
         policy = cls(model, HFTokenizer(AutoTokenizer.from_pretrained(str(d))), device=device)
         policy.load_report = report
+        log.info("%s: an Auto-UI checkpoint has no value head: a fresh one (output bias %.1f)",
+                 d, VALUE_BIAS)
         return policy
 
     @classmethod
@@ -315,7 +391,7 @@ def _untie_head(model: AutoUIModel, head: torch.Tensor) -> None:
 
 
 def _read_state_dict(d: Path) -> dict[str, torch.Tensor]:
-    files = sorted(d.glob("*.safetensors"))
+    files = [f for f in sorted(d.glob("*.safetensors")) if f.name != _VALUE_FILE]
     if files:
         from safetensors.torch import load_file
 
