@@ -79,7 +79,8 @@ def step_progress(states: list[Any], trajectory: Any) -> list[bool]:
 def _source(t: Any) -> str:
     if t.iteration < 0:
         return "pile"
-    return f"online {10 * (t.iteration // 10)}-{10 * (t.iteration // 10) + 9}"
+    lo = 10 * ((t.iteration - 1) // 10) + 1  # online iterations count from 1
+    return f"online {lo}-{lo + 9}"
 
 
 def _rate(k: int, n: int) -> float | None:
@@ -179,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{rep['replay_mismatches']})")
         print(f"{'source':>14} {'succ':>5} {'steps':>6} {'waste':>6} {'inval':>6} "
               f"{'keep|prog':>9} {'keep|waste':>10} {'drop=prog':>9} {'excess':>6}")
-        for name in sorted(rep["sources"], key=lambda n: (n != "pile", n)):
+        for name in sorted(rep["sources"], key=lambda n: (n != "pile", len(n), n)):
             s = rep["sources"][name]
 
             def f(x):

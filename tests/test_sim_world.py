@@ -453,6 +453,7 @@ def test_a_sponsored_row_is_a_detour_a_success_can_recover_from():
     assert screen_key(r) != screen_key(clean)
     assert np.any(np.asarray(ren.render(r)) != np.asarray(ren.render(clean)))
     assert max_scroll(r) == max_scroll(clean) + 300
+    assert Surprises(sponsored=0.4).scaled(0.5).sponsored == pytest.approx(0.2)
     # off by default: the default surprises never draw an ad
     assert Surprises().sponsored == 0.0
     for seed in range(10):

@@ -17,7 +17,7 @@ default). Drift: ``day`` moves and recolours elements.
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -76,7 +76,7 @@ class Surprises:
     shipped starting policies of this project are on the world without it."""
 
     def __post_init__(self) -> None:
-        for name in ("popup", "consent", "voice", "reorder", "blank", "sponsored"):
+        for name in (f.name for f in fields(self)):
             p = getattr(self, name)
             if not 0.0 <= p <= 1.0:
                 raise ValueError(f"Surprises.{name} must be a probability in [0, 1], got {p}")
@@ -89,8 +89,7 @@ class Surprises:
         """Every probability times ``factor`` (in [0, 1]): a calmer (or no) day."""
         if not 0.0 <= factor <= 1.0:
             raise ValueError(f"factor must be in [0, 1], got {factor}")
-        return Surprises(*(getattr(self, n) * factor
-                           for n in ("popup", "consent", "voice", "reorder", "blank")))
+        return Surprises(*(getattr(self, f.name) * factor for f in fields(self)))
 
 
 @dataclass(frozen=True)
