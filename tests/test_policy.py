@@ -464,3 +464,38 @@ def test_value_head_saves_and_loads_with_the_policy_and_is_fresh_where_absent(tm
         assert torch.equal(a, b)
     shipped = AutoUIPolicy.load(data_dir() / "policies" / "sft-webshop")
     assert shipped.value_head_fresh
+
+
+def test_sample_records_the_tokens_and_log_probs_it_drew():
+    """Issue 17, item 3's old log-probabilities: sample() returns the token ids the model
+    wrote and each one's log-probability as drawn. Unconstrained at temperature 1 they are
+    the teacher-forced log-probabilities of those very ids; under the grammar mask each is
+    at least the unmasked one (the distribution renormalised over fewer tokens); act() is
+    sample()'s text; greedy decoding records none."""
+    p = small(seed=8)
+    prompts = [PROMPT, "Previous Actions: Goal: Open the clock</s>"] * 3
+    feats = torch.randn(6, 16)
+    got = p.sample(prompts, feats, generator_seed=3, max_new_tokens=24)
+    assert [s.text for s in got] == p.act(prompts, feats, generator_seed=3, max_new_tokens=24)
+    eos = p.tokenizer.eos_token_id
+    for s in got:
+        assert len(s.log_probs) == len(s.token_ids) and all(x <= 0 for x in s.log_probs)
+        assert s.token_ids[-1] == eos or len(s.token_ids) == 24
+    tf, _, mask = p.token_ids_log_probs_and_values(prompts, feats, [s.token_ids for s in got])
+    for i, s in enumerate(got):
+        n = len(s.token_ids)
+        assert int(mask[i].sum()) == n
+        np.testing.assert_allclose(tf[i, :n].detach().numpy(), s.log_probs, atol=1e-4)
+    con = p.sample(prompts, feats, generator_seed=3, max_new_tokens=48, constrained=True)
+    tf, _, _ = p.token_ids_log_probs_and_values(prompts, feats, [s.token_ids for s in con])
+    gain = []
+    for i, s in enumerate(con):
+        assert parse_action(s.text).is_valid
+        d = np.array(s.log_probs) - tf[i, :len(s.token_ids)].detach().numpy()
+        assert (d >= -1e-4).all()
+        gain.append(d.max())
+    assert max(gain) > 0.01  # the mask removed mass somewhere: the recorded ones are its
+    greedy = p.sample(prompts[:2], feats[:2], temperature=0.0, max_new_tokens=24)
+    assert all(s.log_probs is None and s.token_ids for s in greedy)
+    with pytest.raises(ValueError, match="at least one token"):
+        p.token_ids_log_probs_and_values(prompts[:1], feats[:1], [()])

@@ -12,6 +12,7 @@ _NAMES = {
     "SIM_PRESET": "digirl_lite.policy.policy",
     "REFERENCE_CLAMP": "digirl_lite.policy.policy",
     "ValueHead": "digirl_lite.policy.policy",
+    "Sample": "digirl_lite.policy.policy",
     "VALUE_BIAS": "digirl_lite.policy.policy",
     "AutoUIModel": "digirl_lite.policy.model",
     "SPTokenizer": "digirl_lite.policy.tokenizer",

@@ -6,14 +6,15 @@ import json
 import logging
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
 from digirl_lite.policy.model import AutoUIModel
 from digirl_lite.policy.tokenizer import SIM_TOKENIZER_FILE, HFTokenizer, SPTokenizer
 
-__all__ = ["AutoUIPolicy", "SIM_PRESET", "REFERENCE_CLAMP", "ValueHead", "VALUE_BIAS"]
+__all__ = ["AutoUIPolicy", "SIM_PRESET", "REFERENCE_CLAMP", "ValueHead", "VALUE_BIAS",
+           "Sample"]
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +36,16 @@ SIM_PRESET: dict[str, Any] = {
 }
 
 _POLICY_FILE = "digirl_policy.json"
+
+
+class Sample(NamedTuple):
+    """One sampled action: its text, the token ids the model wrote (eos included), and each
+    token's log-probability under the distribution it was drawn from (temperature and any
+    grammar mask applied; None for greedy decoding)."""
+
+    text: str
+    token_ids: tuple[int, ...]
+    log_probs: tuple[float, ...] | None
 _VALUE_FILE = "value_head.safetensors"
 
 VALUE_BIAS = 0.1
@@ -120,7 +131,8 @@ class AutoUIPolicy:
     def act(self, prompts: Sequence[str], image_features: Any, temperature: float = 1.0,
             max_new_tokens: int = 128, generator_seed: int | None = None,
             constrained: bool = False) -> list[str]:
-        """Sample one action string per prompt (temperature 0: greedy).
+        """Sample one action string per prompt (temperature 0: greedy); :meth:`sample` for
+        the token ids and their log-probabilities too.
 
         Args:
             prompts: B policy prompts.
@@ -132,6 +144,15 @@ class AutoUIPolicy:
                 ``max_new_tokens`` (:mod:`digirl_lite.policy.grammar`: the model's
                 distribution renormalised over the allowed tokens at each step).
         """
+        return [s.text for s in self.sample(prompts, image_features, temperature,
+                                            max_new_tokens, generator_seed, constrained)]
+
+    @torch.no_grad()
+    def sample(self, prompts: Sequence[str], image_features: Any, temperature: float = 1.0,
+               max_new_tokens: int = 128, generator_seed: int | None = None,
+               constrained: bool = False) -> list[Sample]:
+        """:meth:`act`'s draws with what the learner of an on-policy method needs: each
+        action's token ids and their log-probabilities as sampled (:class:`Sample`)."""
         if len(prompts) == 0:
             return []
         was_training = self.model.training
@@ -146,7 +167,8 @@ class AutoUIPolicy:
             "eos_token_id": self.tokenizer.eos_token_id,
             "decoder_start_token_id": self.model.config.decoder_start_token_id,
         }
-        processors = []
+        processors: list[Any] = []
+        sampler = None
         if constrained:
             from digirl_lite.policy.grammar import action_logits_processor
 
@@ -154,7 +176,8 @@ class AutoUIPolicy:
         if temperature > 0:  # sampled (digirl_lite.policy.sampling), the greedy loop picks it
             from digirl_lite.policy.sampling import CategoricalSampler
 
-            processors.append(CategoricalSampler(temperature))
+            sampler = CategoricalSampler(temperature)
+            processors.append(sampler)
         kwargs["do_sample"] = False
         if processors:
             from transformers import LogitsProcessorList
@@ -170,7 +193,17 @@ class AutoUIPolicy:
             if state is not None:
                 torch.random.set_rng_state(state)
             self.model.train(was_training)
-        return [s.strip("\n") for s in self.tokenizer.batch_decode(out[:, 1:].cpu())]
+        gen = out[:, 1:].cpu()  # (B, steps): the decoder start token dropped
+        texts = [s.strip("\n") for s in self.tokenizer.batch_decode(gen)]
+        logp = torch.stack(sampler.log_probs, 1).cpu() if sampler and sampler.log_probs else None
+        eos = self.tokenizer.eos_token_id
+        samples = []
+        for b, text in enumerate(texts):
+            row = gen[b].tolist()
+            n = row.index(eos) + 1 if eos in row else len(row)  # eos included
+            lp = tuple(float(x) for x in logp[b, :n]) if logp is not None else None
+            samples.append(Sample(text, tuple(row[:n]), lp))
+        return samples
 
     def log_prob(self, prompts: Sequence[str], image_features: Any, actions: Sequence[str],
                  clamp: tuple[float, float] | None = None) -> torch.Tensor:
@@ -199,20 +232,45 @@ class AutoUIPolicy:
         """
         return self._score(prompts, image_features, actions, values=True)
 
-    def _score(self, prompts: Sequence[str], image_features: Any, actions: Sequence[str],
-               clamp: tuple[float, float] | None = None, values: bool = False
+    def token_ids_log_probs_and_values(self, prompts: Sequence[str], image_features: Any,
+                                       token_ids: Sequence[Sequence[int]]
+                                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """:meth:`token_log_probs_and_values` of the given token ids (what :meth:`sample`
+        wrote), not of a re-tokenised string: an importance ratio must score the very tokens
+        that were sampled."""
+        return self._score(prompts, image_features, None, values=True, token_ids=token_ids)
+
+    def _labels(self, actions: Sequence[str] | None,
+                token_ids: Sequence[Sequence[int]] | None) -> tuple[torch.Tensor, torch.Tensor]:
+        if token_ids is None:
+            act = self.tokenizer(list(actions or ()), max_length=None)
+            return act["input_ids"].to(self.device), act["attention_mask"].to(self.device)
+        if any(len(t) == 0 for t in token_ids):
+            raise ValueError("every action has at least one token (its eos)")
+        width = max(len(t) for t in token_ids)
+        labels = torch.full((len(token_ids), width), self.tokenizer.pad_token_id,
+                            dtype=torch.long)
+        mask = torch.zeros((len(token_ids), width), dtype=torch.long)
+        for i, t in enumerate(token_ids):
+            labels[i, :len(t)] = torch.as_tensor(list(t), dtype=torch.long)
+            mask[i, :len(t)] = 1
+        return labels.to(self.device), mask.to(self.device)
+
+    def _score(self, prompts: Sequence[str], image_features: Any,
+               actions: Sequence[str] | None, clamp: tuple[float, float] | None = None,
+               values: bool = False, token_ids: Sequence[Sequence[int]] | None = None
                ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
-        if not (len(prompts) == len(actions)):
-            raise ValueError(f"{len(prompts)} prompts but {len(actions)} actions")
+        rows = token_ids if token_ids is not None else actions
+        if rows is None or len(prompts) != len(rows):
+            raise ValueError(f"{len(prompts)} prompts but "
+                             f"{'no' if rows is None else len(rows)} actions")
         n = len(prompts)
         if n == 0:
             empty = torch.zeros(0, 0, device=self.device)
             return empty, (empty if values else None), empty
         enc = self._encode_prompts(prompts)
-        act = self.tokenizer(list(actions), max_length=None)
         ids, amask = enc["input_ids"], enc["attention_mask"]
-        labels = act["input_ids"].to(self.device)
-        mask = act["attention_mask"].to(self.device)
+        labels, mask = self._labels(actions, token_ids)
         img = _as_tensor(image_features).to(self.device)
         # rows sorted by length and scored in buckets, each cut to its own longest prompt and
         # action: a batch padded to its longest row was ~40% pads (an exact saving)

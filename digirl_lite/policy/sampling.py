@@ -34,16 +34,24 @@ def sample_categorical(logits: torch.Tensor, temperature: float = 1.0) -> torch.
 
 class CategoricalSampler(LogitsProcessor):
     """A last logits processor that samples: it returns scores that are -inf everywhere but
-    0 at one token per row, drawn from ``softmax(scores / temperature)``."""
+    0 at one token per row, drawn from ``softmax(scores / temperature)``.
+
+    ``log_probs`` collects, per decoding step, each row's log-probability of its drawn token
+    under the distribution it was drawn from (after every earlier processor, e.g. the
+    grammar mask, and the temperature): the behaviour policy's per-token log-probabilities
+    that an importance ratio needs (issue 17)."""
 
     def __init__(self, temperature: float = 1.0) -> None:
         if temperature <= 0:
             raise ValueError(f"temperature must be > 0, got {temperature}")
         self.temperature = float(temperature)
+        self.log_probs: list[torch.Tensor] = []  # one (B,) per decoding step
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor
                  ) -> torch.FloatTensor:
         idx = sample_categorical(scores, self.temperature)
+        logp = torch.log_softmax(scores.float() / self.temperature, dim=-1)
+        self.log_probs.append(logp.gather(1, idx.unsqueeze(1)).squeeze(1))
         out = torch.full_like(scores, float("-inf"))
         out.scatter_(1, idx.unsqueeze(1), 0.0)
         return out
