@@ -204,6 +204,10 @@ def test_main_job_quick_run_writes_its_artifacts(tmp_path):
     assert not torch.equal(final.model.image_dense.weight, fresh.model.image_dense.weight)
     trajs, _ = load_trajectories(out / "store")
     assert len(trajs) == 24 + 16 and len({t.traj_id for t in trajs}) == len(trajs)
+    # every step the policy sampled keeps its tokens and their log-probabilities (issue 17)
+    for s in (s for t in trajs for s in t.steps):
+        assert s.action_token_ids and len(s.action_log_probs) == len(s.action_token_ids)
+        assert all(x <= 0 for x in s.action_log_probs)
 
 
 @pytest.mark.slow

@@ -85,6 +85,12 @@ class Step:
             fleet's counter, bumped by the learner), so the staleness of asynchronous
             collection is measurable; -1 where unknown (offline pile, imports, stores
             written before the field existed).
+        action_token_ids: the token ids the policy wrote ``action_text`` with (eos
+            included), for an on-policy learner that must score the very tokens sampled;
+            empty where unknown (scripted agents, older stores).
+        action_log_probs: each of those tokens' log-probability under the distribution it
+            was drawn from (temperature and any grammar mask applied): the behaviour policy's
+            per-token log-probabilities of PPO's ratio; empty where unknown or greedy.
 
     Image features are looked up by ``screen_id`` in the :class:`ScreenTable` (stored once
     per screen): ``screens.features([step.screen_id])``.
@@ -103,10 +109,17 @@ class Step:
     verdict: Verdict | None = None
     judge_reply: str | None = None
     policy_version: int = -1
+    action_token_ids: tuple[int, ...] = ()
+    action_log_probs: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         if not math.isfinite(self.reward):
             raise ValueError(f"step reward must be finite, got {self.reward}")
+        object.__setattr__(self, "action_token_ids", tuple(int(x) for x in self.action_token_ids))
+        object.__setattr__(self, "action_log_probs", tuple(float(x) for x in self.action_log_probs))
+        if self.action_log_probs and len(self.action_log_probs) != len(self.action_token_ids):
+            raise ValueError(f"{len(self.action_log_probs)} action log-probabilities for "
+                             f"{len(self.action_token_ids)} action tokens")
         if self.verdict is not None:
             object.__setattr__(self, "verdict", Verdict(self.verdict))
         object.__setattr__(self, "timings", dict(self.timings))

@@ -104,6 +104,7 @@ def _features(feature_dim: int | None) -> dict[str, Any]:
         "reward": v("float64"), "done": v("bool"), "screen_id": v("string"),
         "next_screen_id": v("string"), "mc_return": v("float64"), "timings_json": v("string"),
         "verdict": v("string"), "judge_reply": v("string"), "policy_version": v("int64"),
+        "action_token_ids": ds.List(v("int64")), "action_log_probs": ds.List(v("float32")),
     })
     screen_cols = {"screen_id": v("string"), "image": ds.Image(), "source_path": v("string")}
     if feature_dim:
@@ -136,6 +137,8 @@ def _step_row(t: Trajectory, i: int, s: Step) -> dict[str, Any]:
         "timings_json": json.dumps(dict(s.timings), sort_keys=True),
         "verdict": s.verdict.value if s.verdict is not None else None,
         "judge_reply": s.judge_reply, "policy_version": int(s.policy_version),
+        "action_token_ids": list(s.action_token_ids),
+        "action_log_probs": list(s.action_log_probs),
     }
 
 
@@ -155,6 +158,8 @@ def _step_from_row(r: dict[str, Any]) -> Step:
         mc_return=r["mc_return"], timings=json.loads(r["timings_json"] or "{}"),
         verdict=r["verdict"], judge_reply=r["judge_reply"],
         policy_version=r.get("policy_version", -1),
+        action_token_ids=r.get("action_token_ids") or (),
+        action_log_probs=r.get("action_log_probs") or (),
     )
 
 
@@ -482,10 +487,14 @@ class TrajectoryStore:
                 dset = ds.load_from_disk(str(where))
         except Exception as e:
             raise StoreError(f"cannot read {where}: {type(e).__name__}: {e}") from e
-        if (table == "steps" and "policy_version" not in dset.features
-                and set(dset.features) | {"policy_version"} == set(expected)):
-            # written before steps recorded their policy version: unknown (-1)
-            dset = dset.add_column("policy_version", [-1] * dset.num_rows).cast(expected)
+        added = {"policy_version": -1, "action_token_ids": [], "action_log_probs": []}
+        absent = [k for k in added if k not in dset.features]
+        if (table == "steps" and absent
+                and set(dset.features) | set(absent) == set(expected)):
+            # written before steps recorded these: unknown (-1, no tokens)
+            for k in absent:
+                dset = dset.add_column(k, [added[k]] * dset.num_rows)
+            dset = dset.cast(expected)
         if dset.features != expected:
             got = set(dset.features)
             want = set(expected)

@@ -25,7 +25,10 @@ def sample_categorical(logits: torch.Tensor, temperature: float = 1.0) -> torch.
     float32 rounding of the cumulative sum)."""
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0 to sample, got {temperature}")
-    probs = torch.softmax(logits.float() / temperature, dim=-1)
+    return _draw(torch.softmax(logits.float() / temperature, dim=-1))
+
+
+def _draw(probs: torch.Tensor) -> torch.Tensor:
     cdf = probs.cumsum(dim=-1)
     u = torch.rand(probs.shape[0], 1, device=probs.device) * cdf[:, -1:]
     idx = torch.searchsorted(cdf, u, right=True).squeeze(1)
@@ -49,8 +52,8 @@ class CategoricalSampler(LogitsProcessor):
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor
                  ) -> torch.FloatTensor:
-        idx = sample_categorical(scores, self.temperature)
         logp = torch.log_softmax(scores.float() / self.temperature, dim=-1)
+        idx = _draw(logp.exp())
         self.log_probs.append(logp.gather(1, idx.unsqueeze(1)).squeeze(1))
         out = torch.full_like(scores, float("-inf"))
         out.scatter_(1, idx.unsqueeze(1), 0.0)

@@ -9,7 +9,7 @@ the ``ray`` extra). :func:`make_fleet` builds one by name. Fleet names load on u
 from __future__ import annotations
 
 from digirl_lite._lazy import lazy_exports
-from digirl_lite.rollout.episode import RECORD_SIZE, Agent, run_episode
+from digirl_lite.rollout.episode import RECORD_SIZE, Agent, SampledAction, run_episode
 
 _NAMES = {
     "SyncFleet": "fleet", "LocalFleet": "fleet", "ProcessFleet": "fleet",
@@ -19,5 +19,5 @@ _NAMES = {
     "DeviceError": "devices", "training_trajectories": "faults",
 }
 
-__all__ = ["Agent", "run_episode", "RECORD_SIZE", *_NAMES]
+__all__ = ["Agent", "SampledAction", "run_episode", "RECORD_SIZE", *_NAMES]
 __getattr__, __dir__ = lazy_exports(__name__, _NAMES)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from PIL import Image
@@ -19,7 +19,8 @@ from digirl_lite.data.records import (
 )
 from digirl_lite.envs.base import TRUNCATION_INFRA, Env, Observation
 
-__all__ = ["Agent", "EpisodeRecorder", "run_episode", "record_screen", "RECORD_SIZE"]
+__all__ = ["Agent", "EpisodeRecorder", "SampledAction", "run_episode", "record_screen",
+           "RECORD_SIZE"]
 
 RECORD_SIZE = (270, 570)
 """Screenshots are recorded shrunk 4x per side (the judge's view, spec section 4): enough
@@ -40,6 +41,27 @@ def record_screen(screens: ScreenTable, obs: Observation,
             img = img.resize(size, Image.BILINEAR)
         screens.add(img, screen_id=sid)
     return sid
+
+
+class SampledAction(str):
+    """An action string that carries how the policy sampled it: the token ids it wrote and
+    their log-probabilities as drawn (:class:`~digirl_lite.policy.Sample`). It is a ``str``
+    everywhere (environments, devices, worker processes and Ray actors see the text; it
+    pickles with its attributes), and :class:`EpisodeRecorder` stores the extras on the step
+    (``Step.action_token_ids``, ``Step.action_log_probs``)."""
+
+    token_ids: tuple[int, ...]
+    log_probs: tuple[float, ...]
+
+    def __new__(cls, text: str, token_ids: Sequence[int] = (),
+                log_probs: Sequence[float] | None = ()) -> SampledAction:
+        self = super().__new__(cls, text)
+        self.token_ids = tuple(int(x) for x in token_ids)
+        self.log_probs = tuple(float(x) for x in (log_probs or ()))
+        return self
+
+    def __reduce__(self):
+        return (SampledAction, (str(self), self.token_ids, self.log_probs))
 
 
 class EpisodeRecorder:
@@ -75,7 +97,9 @@ class EpisodeRecorder:
         nsid = record_screen(self.screens, nobs, self.record_size)
         verdict = info.get("verdict")
         self.steps.append(Step(
-            task=self.task, prompt=self.obs.prompt, action_text=action_text,
+            task=self.task, prompt=self.obs.prompt, action_text=str(action_text),
+            action_token_ids=getattr(action_text, "token_ids", ()),
+            action_log_probs=getattr(action_text, "log_probs", ()),
             action=info["action"], reward=float(reward), done=bool(terminated or truncated),
             screen_id=self.sid, next_screen_id=nsid,
             timings={"policy_s": policy_s, **info.get("timings", {})},

@@ -35,6 +35,7 @@ from digirl_lite.envs.base import Observation
 from digirl_lite.errors import ConfigError
 from digirl_lite.paths import atomic_write_text, content_key, fsync_dir, fsync_tree, user_cache_dir
 from digirl_lite.policy.updates import actor_precision, mle_update, steps_to_batch, text_mle_update
+from digirl_lite.rollout.episode import SampledAction
 from digirl_lite.rollout.fleet import JudgeUnavailable
 from digirl_lite.train.config import DigiRLConfig
 from digirl_lite.train.evaluate import evaluate
@@ -80,12 +81,14 @@ class PolicyBatchAgent:
         t0 = time.perf_counter()
         ids = [o.screen_id or screen_id_of_image(o.screenshot) for o in observations]
         feats = self.features_of(ids)
-        out = self.policy.act([o.prompt for o in observations], feats,
-                              temperature=self.temperature, max_new_tokens=self.max_new_tokens,
-                              constrained=self.constrained)
+        drawn = self.policy.sample([o.prompt for o in observations], feats,
+                                   temperature=self.temperature,
+                                   max_new_tokens=self.max_new_tokens,
+                                   constrained=self.constrained)
         self.seconds += time.perf_counter() - t0
         self.calls += 1
-        return out
+        # strings that carry their tokens and log-probabilities onto the steps (issue 17)
+        return [SampledAction(d.text, d.token_ids, d.log_probs) for d in drawn]
 
 
 class RunStopped(RuntimeError):
