@@ -52,9 +52,9 @@ class CategoricalSampler(LogitsProcessor):
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor
                  ) -> torch.FloatTensor:
-        logp = torch.log_softmax(scores.float() / self.temperature, dim=-1)
-        idx = _draw(logp.exp())
-        self.log_probs.append(logp.gather(1, idx.unsqueeze(1)).squeeze(1))
+        probs = torch.softmax(scores.float() / self.temperature, dim=-1)
+        idx = _draw(probs)  # the same draws as sample_categorical's
+        self.log_probs.append(probs.gather(1, idx.unsqueeze(1)).squeeze(1).log())
         out = torch.full_like(scores, float("-inf"))
         out.scatter_(1, idx.unsqueeze(1), 0.0)
         return out
