@@ -144,3 +144,69 @@ def test_import_is_light():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True).stdout.strip()
     assert out == "[]"
+
+
+def _small_policy(seed=0):
+    from digirl_lite.policy import AutoUIPolicy
+
+    return AutoUIPolicy.sim_preset(seed=seed, d_model=32, d_kv=8, d_ff=64, num_heads=4,
+                                   img_dim=16)
+
+
+def _batch_from_samples(policy, n=6, adv_sign=(1, -1), seed=0):
+    from digirl_lite.policy.updates import PPOBatch
+
+    prompts = ["Previous Actions: Goal: Go to ebay.com</s>",
+               "Previous Actions: Goal: Open the clock</s>"] * (n // 2)
+    feats = torch.randn(n, 16, generator=torch.Generator().manual_seed(seed))
+    drawn = policy.sample(prompts, feats, generator_seed=seed, max_new_tokens=16)
+    adv = [[float(adv_sign[i % 2])] * len(d.token_ids) for i, d in enumerate(drawn)]
+    ret = [[0.7] * len(d.token_ids) for d in drawn]
+    return PPOBatch(prompts, feats, [d.token_ids for d in drawn],
+                    [d.log_probs for d in drawn], adv, ret)
+
+
+def test_ppo_update_starts_at_ratio_one_and_moves_likelihood_with_the_advantage():
+    """ppo_update on the behaviour policy's own samples: the first ratio is 1 (no clip, no
+    KL, the loss is -mean(A)); updates raise the likelihood of tokens with A > 0 and lower
+    those with A < 0; the value head moves towards the returns."""
+    from digirl_lite.policy.updates import ppo_update
+
+    p = _small_policy(1)
+    b = _batch_from_samples(p)
+    params = list(p.model.parameters()) + list(p.value_head.parameters())
+    opt = torch.optim.Adam(params, lr=3e-3)
+    first = ppo_update(p, opt, b, clip_eps=0.2, value_coef=0.5)
+    assert first["ratio_max"] == pytest.approx(1.0, abs=1e-3)
+    assert first["clip_fraction"] == 0.0 and first["kl"] == pytest.approx(0.0, abs=1e-5)
+    n_tok = sum(len(a) for a in b.advantages)
+    assert first["policy_loss"] == pytest.approx(-sum(map(sum, b.advantages)) / n_tok, abs=1e-3)
+    for _ in range(15):
+        last = ppo_update(p, opt, b, clip_eps=0.2, value_coef=0.5)
+    lp, v, m = p.token_ids_log_probs_and_values(list(b.prompts), b.feats, list(b.token_ids))
+    lp = lp.detach()
+    for i, old in enumerate(b.old_log_probs):
+        change = float(lp[i, :len(old)].sum()) - sum(old)
+        assert change > 0 if i % 2 == 0 else change < 0, (i, change)
+    assert last["value_loss"] < first["value_loss"]
+    assert last["clip_fraction"] > 0  # the ratios ran past the clip range by now
+
+
+def test_the_critic_warm_up_moves_only_the_value_head():
+    """update_policy=False (DARWIN.md A.6's warm-up): the T5 body and the LM head stay as
+    they were, the value head fits the returns."""
+    from digirl_lite.policy.updates import ppo_update
+
+    p = _small_policy(2)
+    b = _batch_from_samples(p, seed=1)
+    before = {k: v.clone() for k, v in p.model.state_dict().items()}
+    head0 = p.value_head.linear.bias.item()
+    opt = torch.optim.AdamW(list(p.model.parameters()) + list(p.value_head.parameters()),
+                            lr=1e-2, weight_decay=0.1)
+    losses = [ppo_update(p, opt, b, update_policy=False)["value_loss"] for _ in range(30)]
+    for k, v in p.model.state_dict().items():
+        assert torch.equal(v, before[k]), f"{k} moved during the warm-up"
+    assert p.value_head.linear.bias.item() != head0
+    assert losses[-1] < 0.2 * losses[0]
+    with pytest.raises(ValueError, match="row 0: .* tokens, .* recorded log-probs"):
+        ppo_update(p, opt, b._replace(old_log_probs=[(-1.0,)] + list(b.old_log_probs[1:])))

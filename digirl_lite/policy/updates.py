@@ -1,11 +1,12 @@
-"""Eq. 4.2: maximum-likelihood updates of the policy on chosen steps (the actor's update in
-both the SFT of a starting policy and DigiRL's filtered imitation)."""
+"""The policy's updates: Eq. 4.2's maximum likelihood on chosen steps (the actor's update in
+both the SFT of a starting policy and DigiRL's filtered imitation), and Darwin's token-level
+PPO step (:func:`ppo_update`, spec/DARWIN.md A.5)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from contextlib import contextmanager
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
@@ -14,7 +15,8 @@ from digirl_lite.distributed import average_gradients
 if TYPE_CHECKING:  # pragma: no cover
     from digirl_lite.data.records import ScreenTable, Step
 
-__all__ = ["steps_to_batch", "mle_update", "text_mle_update", "actor_precision"]
+__all__ = ["steps_to_batch", "mle_update", "text_mle_update", "actor_precision", "PPOBatch",
+           "ppo_update"]
 
 
 @contextmanager
@@ -124,3 +126,92 @@ def _merge_repeats(prompts, feats, actions, w):
         return prompts, feats, actions, w
     return ([prompts[i] for i in rows], feats[rows], [actions[i] for i in rows],
             torch.tensor(share, dtype=torch.float64))
+
+
+class PPOBatch(NamedTuple):
+    """What one PPO minibatch needs, per step (B rows) and per action token.
+
+    ``token_ids``, ``old_log_probs``, ``advantages`` and ``returns`` hold one sequence per
+    step, each as long as that step's action tokens (the behaviour policy's recorded
+    log-probabilities: ``Step.action_log_probs``; advantages and value targets from
+    :func:`digirl_lite.ppo.token_gae`, or GRPO's trajectory advantage on every token with no
+    value targets: ``returns`` None).
+    """
+
+    prompts: Sequence[str]
+    feats: object  # (B, d) image features
+    token_ids: Sequence[Sequence[int]]
+    old_log_probs: Sequence[Sequence[float]]
+    advantages: Sequence[Sequence[float]]
+    returns: Sequence[Sequence[float]] | None
+
+
+def _padded(rows: Sequence[Sequence[float]], width: int, device) -> torch.Tensor:
+    out = torch.zeros((len(rows), width), dtype=torch.float32)
+    for i, r in enumerate(rows):
+        out[i, :len(r)] = torch.as_tensor(list(r), dtype=torch.float32)
+    return out.to(device)
+
+
+def ppo_update(policy, opt, batch: PPOBatch, *, clip_eps: float = 0.2,
+               value_coef: float = 0.5, kl_coef: float = 0.0,
+               grad_clip: float | None = 1.0, update_policy: bool = True) -> dict[str, float]:
+    """One token-level PPO step (DARWIN.md A.5): the clipped surrogate on the ratio of the
+    policy's log-probability of each sampled token to the recorded one, plus
+    ``value_coef`` times the value head's MSE to the returns, plus ``kl_coef`` times the
+    k3 estimate of KL(policy || behaviour policy); each a mean over the batch's tokens.
+
+    ``update_policy=False`` is the critic warm-up (A.6): only the value loss, and only the
+    value head steps (the optimizer's other parameters get no gradient).
+
+    Returns:
+        ``policy_loss``, ``value_loss``, ``kl`` (k3, mean), ``clip_fraction`` (tokens whose
+        ratio left [1 - eps, 1 + eps]) and ``ratio_max``.
+    """
+    from digirl_lite.ppo import kl_k3, ppo_clip_loss
+
+    n = len(batch.prompts)
+    if not (len(batch.token_ids) == len(batch.old_log_probs) == len(batch.advantages) == n):
+        raise ValueError("a PPO batch has one token_ids, old_log_probs and advantages row per "
+                         "prompt")
+    for i, (ids, lp, adv) in enumerate(zip(batch.token_ids, batch.old_log_probs,
+                                           batch.advantages)):
+        if not (len(ids) == len(lp) == len(adv)) or not ids:
+            raise ValueError(f"row {i}: {len(ids)} tokens, {len(lp)} recorded log-probs and "
+                             f"{len(adv)} advantages (they must match, and be at least 1)")
+    if batch.returns is None and (value_coef and not update_policy):
+        raise ValueError("the critic warm-up needs value targets (returns)")
+    policy.model.train()
+    opt.zero_grad()
+    new_lp, values, mask = policy.token_ids_log_probs_and_values(
+        list(batch.prompts), batch.feats, list(batch.token_ids))
+    width, dev = mask.shape[1], mask.device
+    m = mask.to(new_lp.dtype)
+    n_tok = m.sum().clamp(min=1.0)
+    old = _padded(batch.old_log_probs, width, dev)
+    adv = _padded(batch.advantages, width, dev)
+    log_ratio = (new_lp - old) * m
+    ratio = log_ratio.exp()
+    pol = (ppo_clip_loss(ratio, adv, clip_eps) * m).sum() / n_tok
+    kl = (kl_k3(new_lp, old) * m).sum() / n_tok
+    val = torch.zeros((), device=dev)
+    if batch.returns is not None:
+        ret = _padded(batch.returns, width, dev)
+        val = (((values - ret) ** 2) * m).sum() / n_tok
+    loss = value_coef * val
+    if update_policy:
+        loss = loss + pol + kl_coef * kl
+    loss.backward()
+    params = list(policy.model.parameters()) + list(policy.value_head.parameters())
+    if not update_policy:
+        for p in policy.model.parameters():
+            p.grad = None  # the actor is frozen during the warm-up
+    average_gradients(params)
+    if grad_clip:
+        torch.nn.utils.clip_grad_norm_(params, grad_clip)
+    opt.step()
+    with torch.no_grad():
+        clipped = ((ratio - 1.0).abs() > clip_eps) & mask.bool()
+        return {"policy_loss": float(pol), "value_loss": float(val), "kl": float(kl),
+                "clip_fraction": float(clipped.sum() / n_tok),
+                "ratio_max": float(ratio[mask.bool()].max())}
