@@ -163,7 +163,10 @@ def test_ablation_fields_validate_and_name_themselves():
     assert (d.instruction_filter, d.step_filter, d.critic_loss, d.awr_beta,
             d.awr_max_weight) == (True, "paper", "ce", 1.0, 20.0)
     for bad, field in [({"step_filter": "ppo"}, "step_filter"),
-                       ({"algorithm": "ppo"}, "algorithm"),
+                       ({"algorithm": "reinforce"}, "algorithm"),
+                       ({"algorithm": "ppo", "step_filter": "none"}, "step_filter"),
+                       ({"algorithm": "grpo", "value_coef": 1.0}, "value_coef"),
+                       ({"ppo_clip_eps": 0.3}, "ppo_clip_eps"),  # digirl does not read it
                        ({"instruction_filter": "yes"}, "instruction_filter"),
                        ({"algorithm": "awr", "awr_beta": 0.0}, "awr_beta"),
                        ({"algorithm": "awr", "awr_beta": float("nan")}, "awr_beta"),

@@ -499,3 +499,16 @@ def test_sample_records_the_tokens_and_log_probs_it_drew():
     assert all(s.log_probs is None and s.token_ids for s in greedy)
     with pytest.raises(ValueError, match="at least one token"):
         p.token_ids_log_probs_and_values(prompts[:1], feats[:1], [()])
+
+
+def test_a_fresh_value_head_leaves_the_sampling_stream_alone():
+    """Building a policy (and its fresh value head) draws nothing from torch's global
+    generator, so a run's samples for a seed are what they were before the head existed."""
+    from digirl_lite.policy import ValueHead
+
+    torch.manual_seed(123)
+    a = torch.rand(3)
+    torch.manual_seed(123)
+    head = ValueHead(32)
+    assert torch.equal(torch.rand(3), a)
+    assert torch.equal(ValueHead(32).linear.weight, head.linear.weight)  # seeded, not global

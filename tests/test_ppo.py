@@ -3,6 +3,7 @@ slow per-token reference."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -210,3 +211,45 @@ def test_the_critic_warm_up_moves_only_the_value_head():
     assert losses[-1] < 0.2 * losses[0]
     with pytest.raises(ValueError, match="row 0: .* tokens, .* recorded log-probs"):
         ppo_update(p, opt, b._replace(old_log_probs=[(-1.0,)] + list(b.old_log_probs[1:])))
+
+
+@pytest.mark.slow  # two tiny Trainer runs
+@pytest.mark.parametrize("algorithm", ["ppo", "grpo"])
+def test_the_trainer_learns_on_policy_from_its_own_samples(tmp_path, algorithm):
+    """algorithm="ppo" / "grpo" through the Trainer (issue 17, item 3): PPO warms its value
+    head up on the pile (actor frozen), then both update on each iteration's own
+    trajectories against the recorded log-probabilities (ratio 1 at the first update of an
+    iteration, so the clip statistics start from there); GRPO draws every task grpo_group
+    times and leaves the value head alone; the weights move; the checkpoint keeps the head."""
+    from collections import Counter
+
+    from digirl_lite.data import load_trajectories
+    from digirl_lite.paths import data_dir
+    from digirl_lite.policy import AutoUIPolicy
+    from digirl_lite.train.config import sim_quick
+    from digirl_lite.train.trainer import Trainer
+
+    cfg = sim_quick(algorithm=algorithm, iterations=1, pile_size=8, n_envs=4, eval_tasks=2,
+                    horizon=4, ppo_minibatch=8, ppo_epochs=1)
+    out = tmp_path / "run"
+    summary = Trainer(cfg, out, cache_dir=None, progress=False).run()
+    assert set(summary["stages"]) >= {"copier", "offline", "online"}
+    lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    offline = next(r for r in lines if r.get("stage") == "offline")
+    online = next(r for r in lines if r.get("stage") == "online")
+    assert online["ppo_steps"] > 0 and online["ppo_tokens"] >= online["ppo_steps"]
+    assert np.isfinite(online["actor_loss"]) and online["kl"] >= 0
+    final = AutoUIPolicy.load(out / "checkpoints" /
+                              (out / "checkpoints" / "latest").read_text().strip() / "policy")
+    start = AutoUIPolicy.load(data_dir() / "policies" / "sft-webshop")
+    assert not torch.equal(final.model.lm_head.weight, start.model.lm_head.weight)
+    assert not final.value_head_fresh
+    trajs, _ = load_trajectories(out / "store", with_images=False)
+    tasks = Counter(t.task for t in trajs if t.source.value == "online")
+    if algorithm == "ppo":
+        assert offline["warmup_value_loss_after"] < offline["warmup_value_loss_before"]
+        assert final.value_head.linear.bias.item() != pytest.approx(0.1, abs=1e-6)
+    else:
+        assert "warmup_value_loss_before" not in offline
+        assert final.value_head.linear.bias.item() == pytest.approx(0.1, abs=1e-6)
+        assert all(n % cfg.grpo_group == 0 for n in tasks.values())

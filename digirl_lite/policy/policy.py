@@ -56,14 +56,18 @@ critic-only warm-up updates, prevented it)."""
 
 class ValueHead(torch.nn.Module):
     """Per-token values from the decoder's hidden states: one linear layer, (..., d) ->
-    (...). Weights start small (normal, std 0.01) and the bias at :data:`VALUE_BIAS`, so a
-    fresh head says about 0.1 everywhere."""
+    (...). Weights start small (normal, std 0.01, from ``seed``) and the bias at
+    :data:`VALUE_BIAS`, so a fresh head says about 0.1 everywhere."""
 
-    def __init__(self, d_model: int) -> None:
+    def __init__(self, d_model: int, seed: int = 0) -> None:
         super().__init__()
-        self.linear = torch.nn.Linear(d_model, 1)
+        # built without drawing from torch's global generator: a policy's sampling stream
+        # (hence every run's trajectories for a seed) is the same with or without the head
+        with torch.random.fork_rng(devices=[]):
+            self.linear = torch.nn.Linear(d_model, 1)
         with torch.no_grad():
-            self.linear.weight.normal_(0.0, 0.01)
+            self.linear.weight.copy_(torch.randn(
+                self.linear.weight.shape, generator=torch.Generator().manual_seed(seed)) * 0.01)
             self.linear.bias.fill_(VALUE_BIAS)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -166,7 +166,7 @@ class Trainer:
         self.critic_opt = torch.optim.Adam(
             list(self.step_critic.parameters()) + list(self.instr_critic.parameters()),
             lr=cfg.critic_lr)
-        self.actor_opt = torch.optim.AdamW(self.policy.model.parameters(), lr=cfg.actor_lr)
+        self.actor_opt = self._actor_optimizer()
         # one set of weights on every process (process 0's), as DDP does at wrap time
         dist.broadcast_parameters(self.policy.model, self.step_critic, self.instr_critic)
         self.buffer = ReplayBuffer(cfg.capacity, seed=cfg.seed)  # the same on every process
@@ -358,7 +358,7 @@ class Trainer:
             self.log(stage="sft", loaded=str(Path(c.starting_policy).expanduser()))
         self.policy.to(self.accelerator.device)
         dist.broadcast_parameters(self.policy.model)  # one policy on every process
-        self.actor_opt = torch.optim.AdamW(self.policy.model.parameters(), lr=c.actor_lr)
+        self.actor_opt = self._actor_optimizer()
 
     def save_starting_policy(self, directory: str | Path) -> Path:
         """Save the policy with the SFT key it was built under (``sft.json``)."""
@@ -576,6 +576,160 @@ class Trainer:
             self.critic_opt.step()
         return {"step_critic_loss": round(s_loss, 4), "instr_critic_loss": round(i_loss, 4)}
 
+    def _actor_optimizer(self) -> torch.optim.Optimizer:
+        """AdamW over the policy's weights, and its value head's under PPO."""
+        groups = [{"params": list(self.policy.model.parameters())}]
+        if self.cfg.algorithm == "ppo":
+            groups.append({"params": list(self.policy.value_head.parameters()),
+                           "lr": self.cfg.value_lr})
+        return torch.optim.AdamW(groups, lr=self.cfg.actor_lr)
+
+    # -- Darwin's learner: PPO and GRPO ---------------------------------------------------
+    def _token_ids(self, steps: Sequence[Step]) -> list[tuple[int, ...]]:
+        """Each step's sampled token ids; steps recorded without them (a pile cached by an
+        older version, scripted agents) get their text's tokenisation."""
+        missing = [s.action_text for s in steps if not s.action_token_ids]
+        ids = iter([])
+        if missing:
+            enc = self.policy.tokenizer(missing, max_length=None)
+            ids = iter([tuple(int(x) for x, m in zip(row, mask) if m)
+                        for row, mask in zip(enc["input_ids"].tolist(),
+                                             enc["attention_mask"].tolist())])
+        return [s.action_token_ids or next(ids) for s in steps]
+
+    def _token_values(self, steps: Sequence[Step], token_ids: Sequence[Sequence[int]]
+                      ) -> list[np.ndarray]:
+        """The value head's per-token values of ``steps`` (no gradient), one array each."""
+        out: list[np.ndarray] = []
+        with torch.no_grad():
+            for a in range(0, len(steps), 64):
+                chunk = steps[a:a + 64]
+                prompts, feats, _ = steps_to_batch(chunk, self.screens)
+                _, v, _ = self.policy.token_ids_log_probs_and_values(
+                    prompts, feats, token_ids[a:a + 64])
+                out += [v[i, :len(t)].float().cpu().numpy()
+                        for i, t in enumerate(token_ids[a:a + 64])]
+        return out
+
+    def ppo_rows(self, trajs: Sequence[Trajectory], monte_carlo: bool = False
+                 ) -> list[tuple[Step, tuple[int, ...], list[float], list[float], list[float]]]:
+        """(step, token ids, recorded log-probs, advantages, returns) per step of ``trajs``
+        for :func:`~digirl_lite.policy.updates.ppo_update`.
+
+        PPO: token-level GAE (:func:`digirl_lite.ppo.token_gae`) on the value head's values;
+        every trajectory is terminal (value 0 after its last step), an infrastructure
+        truncation included (Darwin A.6). ``monte_carlo``: lambda 1 (the returns no longer
+        depend on the values: the warm-up's targets). GRPO: the trajectories of one task
+        form its group; its standardised rewards go to every token (no returns). A
+        trajectory with an unjudged step is left out (its reward is unknown).
+        """
+        from digirl_lite import ppo
+
+        c = self.cfg
+        trajs = [t for t in trajs if t.steps and t.num_unjudged == 0]
+        steps = [s for t in trajs for s in t.steps]
+        ids = self._token_ids(steps)
+        rows = []
+        if c.algorithm == "grpo":
+            groups: dict[str, list[Trajectory]] = {}
+            for t in trajs:
+                groups.setdefault(t.task, []).append(t)
+            adv_of = {}
+            for group in groups.values():
+                a = ppo.grpo_advantages([t.final_reward for t in group])
+                adv_of.update({t.traj_id: float(x) for t, x in zip(group, a)})
+            k = 0
+            for t in trajs:
+                for s in t.steps:
+                    n = len(ids[k])
+                    rows.append((s, ids[k], list(s.action_log_probs) or [0.0] * n,
+                                 [adv_of[t.traj_id]] * n, []))
+                    k += 1
+            return rows
+        values = self._token_values(steps, ids)
+        k = 0
+        for t in trajs:
+            n_steps = len(t.steps)
+            v = np.concatenate(values[k:k + n_steps])
+            lengths = [len(x) for x in ids[k:k + n_steps]]
+            adv, ret = ppo.token_gae(v, t.rewards, lengths, c.ppo_gamma,
+                                     1.0 if monte_carlo else c.ppo_lam)
+            bounds = np.cumsum([0, *lengths])
+            for j, s in enumerate(t.steps):
+                a, b = bounds[j], bounds[j + 1]
+                rows.append((s, ids[k + j], list(s.action_log_probs) or [0.0] * (b - a),
+                             adv[a:b].tolist(), ret[a:b].tolist()))
+            k += n_steps
+        return rows
+
+    def _ppo_batch(self, rows, pick) -> Any:
+        from digirl_lite.policy.updates import PPOBatch
+
+        chosen = [rows[i] for i in pick]
+        prompts, feats, _ = steps_to_batch([r[0] for r in chosen], self.screens)
+        return PPOBatch(prompts, feats, [r[1] for r in chosen], [r[2] for r in chosen],
+                        [r[3] for r in chosen],
+                        None if self.cfg.algorithm == "grpo" else [r[4] for r in chosen])
+
+    def train_on_policy(self, trajs: Sequence[Trajectory]) -> dict[str, Any]:
+        """PPO or GRPO on this iteration's own trajectories: ``ppo_epochs`` passes in
+        minibatches of ``ppo_minibatch`` steps, each ratio against the log-probabilities
+        recorded when the step was sampled. Returns the last pass's mean statistics."""
+        from digirl_lite.policy.updates import ppo_update
+
+        c = self.cfg
+        rows = [r for r in self.ppo_rows(trajs) if r[0].action_log_probs]
+        if not rows:
+            return {"ppo_steps": 0}
+        stats: list[dict[str, float]] = []
+        with actor_precision(self.policy, c.actor_precision):
+            for _ in range(c.ppo_epochs):
+                stats = []
+                for pick in np.array_split(self.rng.permutation(len(rows)),
+                                           max(1, -(-len(rows) // c.ppo_minibatch))):
+                    stats.append(ppo_update(
+                        self.policy, self.actor_opt, self._ppo_batch(rows, pick),
+                        clip_eps=c.ppo_clip_eps,
+                        value_coef=c.value_coef if c.algorithm == "ppo" else 0.0,
+                        kl_coef=c.kl_coef, grad_clip=c.actor_grad_clip))
+        out = {k: round(float(np.mean([s[k] for s in stats])), 4) for k in stats[0]}
+        out["ratio_max"] = round(max(s["ratio_max"] for s in stats), 4)
+        adv = np.concatenate([r[3] for r in rows])
+        return {**out, "ppo_steps": len(rows), "ppo_tokens": int(len(adv)),
+                "mean_advantage": round(float(adv.mean()), 4)}
+
+    def warm_up_value_head(self, trajs: Sequence[Trajectory]) -> dict[str, Any]:
+        """PPO's offline phase (Darwin A.6): ``critic_warmup_updates`` value-head-only
+        updates on ``trajs`` (the pile), Monte-Carlo token returns as targets, the actor
+        frozen."""
+        from digirl_lite.policy.updates import ppo_update
+
+        c = self.cfg
+        if c.critic_warmup_updates <= 0:
+            return {}
+        rows = self.ppo_rows(trajs, monte_carlo=True)
+        if not rows:
+            return {}
+        held = self.rng.permutation(len(rows))[:256]  # the loss before and after, on these
+        before = self._value_loss(rows, held)
+        for _ in self._iter(c.critic_warmup_updates, "critic warm-up"):
+            pick = self.rng.integers(0, len(rows), min(c.ppo_minibatch, len(rows)))
+            ppo_update(self.policy, self.actor_opt, self._ppo_batch(rows, pick),
+                       value_coef=1.0, grad_clip=c.actor_grad_clip, update_policy=False)
+        return {"warmup_value_loss_before": round(before, 5),
+                "warmup_value_loss_after": round(self._value_loss(rows, held), 5)}
+
+    def _value_loss(self, rows, pick) -> float:
+        """The value head's token-mean MSE to the rows' returns (no gradient)."""
+        b = self._ppo_batch(rows, pick)
+        with torch.no_grad():
+            _, v, m = self.policy.token_ids_log_probs_and_values(list(b.prompts), b.feats,
+                                                                 list(b.token_ids))
+        ret = torch.zeros_like(v)
+        for i, r in enumerate(b.returns):
+            ret[i, :len(r)] = torch.as_tensor(r, dtype=v.dtype)
+        return float((((v - ret) ** 2) * m).sum() / m.sum().clamp(min=1))
+
     # -- filters --------------------------------------------------------------------------
     def select_steps(self, trajs: Sequence[Trajectory], trajectories: str = "top_p"
                      ) -> tuple[list[Step], np.ndarray | None, dict[str, Any]]:
@@ -655,6 +809,11 @@ class Trainer:
     def offline(self, pile: Sequence[Trajectory]) -> None:
         c = self.cfg
         self.buffer.add(pile)
+        if c.algorithm in ("ppo", "grpo"):  # the starting policy, its value head warmed up
+            info = (self._timed("offline_actor", lambda: self.warm_up_value_head(
+                self.buffer.trajectories("train"))) if c.algorithm == "ppo" else {})
+            self.log(stage="offline", **info)
+            return
         if c.algorithm != "filtered_bc":  # the critics' inputs
             self.text.get(sorted({t.task for t in pile}))
         crit = self._timed("offline_critics", lambda: self.train_critics(
@@ -682,8 +841,10 @@ class Trainer:
         if collected is None:
             tasks = self._train_tasks()
             # process 0 draws every process's tasks: rollouts_per_iteration each
-            idx = dist.broadcast_object(self.rng.integers(
-                0, len(tasks), c.rollouts_per_iteration * self.world) if self.is_main else None)
+            group = c.grpo_group if c.algorithm == "grpo" else 1  # GRPO: each task G times
+            idx = dist.broadcast_object(np.repeat(self.rng.integers(
+                0, len(tasks), c.rollouts_per_iteration * self.world // group), group)
+                if self.is_main else None)
             self.fleet().policy_version = k - 1  # the weights after k - 1 iterations
             agent = self.agent()
             episodes = self._timed("collect", lambda: self._collect(
@@ -697,10 +858,16 @@ class Trainer:
         self.buffer.add(collected)
         self._bound_memory()
         self.online_trajectories += len(collected)
-        crit = self._timed("critics", lambda: self.train_critics(c.critic_updates))
-        steps, weights, kept = self._timed("filter", lambda: self.select_steps(
-            self.buffer.trajectories("train"), "top_p" if c.instruction_filter else "all"))
-        loss = self._timed("actor", lambda: self.train_actor(steps, c.actor_updates, weights))
+        if c.algorithm in ("ppo", "grpo"):  # on-policy: this iteration's trajectories
+            crit = {}
+            kept = self._timed("actor", lambda: self.train_on_policy(collected))
+            loss = kept.pop("policy_loss", float("nan"))
+        else:
+            crit = self._timed("critics", lambda: self.train_critics(c.critic_updates))
+            steps, weights, kept = self._timed("filter", lambda: self.select_steps(
+                self.buffer.trajectories("train"), "top_p" if c.instruction_filter else "all"))
+            loss = self._timed("actor", lambda: self.train_actor(steps, c.actor_updates,
+                                                                 weights))
         self.iteration, self.phase = k, "online"
         self._timed("checkpoint", self.save_checkpoint)
         wins = float(np.mean([t.is_success for t in collected])) if collected else 0.0
@@ -847,7 +1014,7 @@ class Trainer:
         self.step_critic.load_state_dict(tensors["step_critic"])
         self.instr_critic.load_state_dict(tensors["instr_critic"])
         self.critic_opt.load_state_dict(tensors["critic_opt"])
-        self.actor_opt = torch.optim.AdamW(self.policy.model.parameters(), lr=self.cfg.actor_lr)
+        self.actor_opt = self._actor_optimizer()
         self.actor_opt.load_state_dict(tensors["actor_opt"])
         rngs, torch_rngs = state.get("rngs"), tensors["torch_rng"]
         if isinstance(torch_rngs, torch.Tensor):  # checkpoints of one process, before rngs
@@ -938,7 +1105,9 @@ class Trainer:
                 self._finish("pile")
             if not self._done("offline"):
                 pile = pile if pile is not None else self.build_pile()
-                self.say(f"offline phase: critics and actor on {len(pile)} trajectories")
+                what = {"ppo": "the value head's warm-up", "grpo": "nothing (GRPO)"}.get(
+                    c.algorithm, "critics and actor")
+                self.say(f"offline phase: {what} on {len(pile)} trajectories")
                 self.offline(pile)
                 self._finish("offline")
             if not self._done("eval:offline"):
