@@ -146,6 +146,12 @@ class Trainer:
         self.accelerator = Accelerator(cpu=cfg.device == "cpu")
         self.is_main = self.accelerator.is_main_process
         self.rank, self.world = self.accelerator.process_index, self.accelerator.num_processes
+        if self.world > 1 and cfg.algorithm in ("ppo", "grpo"):
+            # each process would take its own number of minibatches: the collectives would
+            # hang, so this is refused until the on-policy updates are made data parallel
+            raise ConfigError(f"algorithm: {cfg.algorithm!r} runs in one process for now "
+                              f"(this launch has {self.world}); use accelerate launch with "
+                              "DigiRL, Filtered BC or AWR")
         # under `accelerate launch` every process collects its own trajectories
         self._seed_everything(cfg.seed + 7919 * self.rank)
         # every size follows the policy: image features, screen tables, the step critic
