@@ -43,7 +43,7 @@ def test_config_validates_and_round_trips():
     cfg = sim_quick()
     assert DigiRLConfig.from_dict(cfg.as_dict()) == cfg
     with pytest.raises(ValueError, match="algorithm"):
-        DigiRLConfig(algorithm="ppo")
+        DigiRLConfig(algorithm="reinforce")
     with pytest.raises(ValueError, match="unknown config fields"):
         DigiRLConfig.from_dict({"iterationz": 3})
     # the paper's defaults where the simulator preset does not change them
