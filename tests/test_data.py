@@ -1194,9 +1194,11 @@ def test_steps_keep_their_sampled_tokens_and_log_probs_through_the_store(tmp_pat
     del old
     shutil.rmtree(shard / "steps")
     shutil.move(str(tmp_path / "old_steps"), str(shard / "steps"))
+    files = sorted(p for p in (tmp_path / "st").rglob("*"))
     back, _ = load_trajectories(tmp_path / "st", with_images=False)
     assert all(s.action_token_ids == () and s.policy_version == -1
                for t in back for s in t.steps)
+    assert sorted(p for p in (tmp_path / "st").rglob("*")) == files  # reading wrote nothing
     with pytest.raises(ValueError, match="2 action log-probabilities for 3 action tokens"):
         Step.from_text(task=TASK, prompt="p", action_text=TAP, reward=0.0, done=False,
                        screen_id="s", next_screen_id="t", action_token_ids=(1, 2, 3),

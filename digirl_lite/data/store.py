@@ -494,7 +494,7 @@ class TrajectoryStore:
             # written before steps recorded these: unknown (-1, no tokens)
             for k in absent:
                 dset = dset.add_column(k, [added[k]] * dset.num_rows)
-            dset = dset.cast(expected)
+            dset = dset.cast(expected, keep_in_memory=True)  # reading writes nothing
         if dset.features != expected:
             got = set(dset.features)
             want = set(expected)
