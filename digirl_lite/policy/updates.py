@@ -16,7 +16,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from digirl_lite.data.records import ScreenTable, Step
 
 __all__ = ["steps_to_batch", "mle_update", "text_mle_update", "actor_precision", "PPOBatch",
-           "ppo_update"]
+           "ppo_update", "pad_rows"]
 
 
 @contextmanager
@@ -146,7 +146,8 @@ class PPOBatch(NamedTuple):
     returns: Sequence[Sequence[float]] | None
 
 
-def _padded(rows: Sequence[Sequence[float]], width: int, device) -> torch.Tensor:
+def pad_rows(rows: Sequence[Sequence[float]], width: int, device) -> torch.Tensor:
+    """(len(rows), width) float32 on ``device``: each ragged row left-aligned, 0 after."""
     out = torch.zeros((len(rows), width), dtype=torch.float32)
     for i, r in enumerate(rows):
         out[i, :len(r)] = torch.as_tensor(list(r), dtype=torch.float32)
@@ -188,15 +189,15 @@ def ppo_update(policy, opt, batch: PPOBatch, *, clip_eps: float = 0.2,
     width, dev = mask.shape[1], mask.device
     m = mask.to(new_lp.dtype)
     n_tok = m.sum().clamp(min=1.0)
-    old = _padded(batch.old_log_probs, width, dev)
-    adv = _padded(batch.advantages, width, dev)
+    old = pad_rows(batch.old_log_probs, width, dev)
+    adv = pad_rows(batch.advantages, width, dev)
     log_ratio = (new_lp - old) * m
     ratio = log_ratio.exp()
     pol = (ppo_clip_loss(ratio, adv, clip_eps) * m).sum() / n_tok
     kl = (kl_k3(new_lp, old) * m).sum() / n_tok
     val = torch.zeros((), device=dev)
     if batch.returns is not None:
-        ret = _padded(batch.returns, width, dev)
+        ret = pad_rows(batch.returns, width, dev)
         val = (((values - ret) ** 2) * m).sum() / n_tok
     loss = value_coef * val
     if update_policy:

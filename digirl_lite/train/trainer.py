@@ -34,7 +34,13 @@ from digirl_lite.data.store import TrajectoryStore
 from digirl_lite.envs.base import Observation
 from digirl_lite.errors import ConfigError
 from digirl_lite.paths import atomic_write_text, content_key, fsync_dir, fsync_tree, user_cache_dir
-from digirl_lite.policy.updates import actor_precision, mle_update, steps_to_batch, text_mle_update
+from digirl_lite.policy.updates import (
+    actor_precision,
+    mle_update,
+    pad_rows,
+    steps_to_batch,
+    text_mle_update,
+)
 from digirl_lite.rollout.episode import SampledAction
 from digirl_lite.rollout.fleet import JudgeUnavailable
 from digirl_lite.train.config import DigiRLConfig
@@ -731,9 +737,7 @@ class Trainer:
         with torch.no_grad():
             _, v, m = self.policy.token_ids_log_probs_and_values(list(b.prompts), b.feats,
                                                                  list(b.token_ids))
-        ret = torch.zeros_like(v)
-        for i, r in enumerate(b.returns):
-            ret[i, :len(r)] = torch.as_tensor(r, dtype=v.dtype)
+        ret = pad_rows(b.returns, v.shape[1], v.device)
         return float((((v - ret) ** 2) * m).sum() / m.sum().clamp(min=1))
 
     # -- filters --------------------------------------------------------------------------
