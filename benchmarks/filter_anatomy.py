@@ -95,7 +95,13 @@ def anatomy(run_dir: str, step_filter: str = "paper") -> dict[str, Any]:
 
     run = Run(run_dir)
     cfg = run.config
-    env_kwargs = {"day": cfg.get("day", 1)}
+    env_kwargs: dict[str, Any] = {"day": cfg.get("day", 1)}
+    if cfg.get("sim_surprises"):  # the run's own surprises (e.g. sponsored rows), as setup
+        import dataclasses
+
+        from digirl_lite.envs.sim import Surprises
+
+        env_kwargs["surprises"] = {**dataclasses.asdict(Surprises()), **cfg["sim_surprises"]}
     if cfg.get("days_per_iteration", 0.0):
         raise SystemExit(f"{run_dir}: a drifting run; replay needs each iteration's day")
     trajs, screens = run.trajectories(with_images=True)

@@ -253,3 +253,43 @@ def test_the_trainer_learns_on_policy_from_its_own_samples(tmp_path, algorithm):
         assert "warmup_value_loss_before" not in offline
         assert final.value_head.linear.bias.item() == pytest.approx(0.1, abs=1e-6)
         assert all(n % cfg.grpo_group == 0 for n in tasks.values())
+
+
+@pytest.mark.parametrize("field, value", [("temperature", 0.7), ("temperature", 0.0),
+                                          ("constrained_decoding", True),
+                                          ("actor_precision", "bf16"), ("actor_updates", 0)])
+@pytest.mark.parametrize("algorithm", ["ppo", "grpo"])
+def test_on_policy_refuses_what_its_ratio_cannot_use(algorithm, field, value):
+    """The ratio scores recorded tokens with the model at temperature 1, unmasked, in fp32:
+    a config sampling from another distribution fails before any collection, naming the
+    field (as does actor_updates=0, which would not freeze PPO)."""
+    from digirl_lite.errors import ConfigError
+    from digirl_lite.train.config import sim_quick
+
+    with pytest.raises(ConfigError, match=field):
+        sim_quick(algorithm=algorithm, **{field: value})
+    sim_quick(algorithm="digirl", **{field: value})  # DigiRL's likelihood has no ratio
+
+
+def test_grpo_leaves_infrastructure_truncations_out_of_their_group(tmp_path):
+    """A device's fault is not the agent's failure (DARWIN.md A.3): in a group of a success,
+    a failure and an attempt a lost device cut short, the truncated one gets no rows and
+    does not pull the group's statistics (advantages +1 and -1, as for a group of two)."""
+    from digirl_lite.actions import parse_action
+    from digirl_lite.data.records import Ending, Step, Trajectory
+    from digirl_lite.train.config import sim_quick
+    from digirl_lite.train.trainer import Trainer
+
+    t = Trainer(sim_quick(algorithm="grpo"), tmp_path / "run", cache_dir=None, progress=False)
+    text = '"action_type": "PRESS_HOME"'
+
+    def traj(name, reward, ending, reason=None):
+        steps = [Step("task A", "Goal: task A", text, parse_action(text), float(reward), True,
+                      f"{name}-0", f"{name}-1")]
+        return Trajectory(name, "task A", steps, float(reward), ending,
+                          truncation_reason=reason)
+
+    rows = t.ppo_rows([traj("win", 1, Ending.SUCCESS), traj("loss", 0, Ending.BUDGET),
+                       traj("cut", 0, Ending.INFRA, "device lost")])
+    assert [r[0].screen_id for r in rows] == ["win-0", "loss-0"]
+    assert [r[3][0] for r in rows] == pytest.approx([1.0, -1.0], abs=1e-4)  # std + eps

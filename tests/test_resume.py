@@ -175,3 +175,16 @@ def test_killed_at_random_moments_the_run_resumes_to_the_same_store(tmp_path):
         ev = sorted(t.traj_id for t in TrajectoryStore.open(out / "eval" / stage).load(
             with_images=False)[0])
         assert ev == [f"eval-{stage}-{j:05d}" for j in range(2)]
+
+
+def test_resume_refuses_another_algorithm_even_when_told(tmp_path):
+    """A PPO run's checkpoint holds a value head and a two-group optimiser: resuming it as
+    DigiRL (or back) is refused with a ConfigError naming the algorithms, not a crash in
+    the optimiser's state."""
+    out = tmp_path / "run"
+    t = _trainer(out)
+    t.build_starting_policy()
+    t.phase = "starting_policy"
+    t.save_checkpoint()
+    with pytest.raises(ConfigError, match="algorithm='digirl', not 'ppo'"):
+        _trainer(out, algorithm="ppo").load_checkpoint(allow_config_change=True)

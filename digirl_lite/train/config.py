@@ -323,6 +323,8 @@ class DigiRLConfig:
         if self.actor_precision not in ("bf16", "fp32"):
             raise ValueError(f"actor_precision must be 'bf16' or 'fp32', "
                              f"got {self.actor_precision!r}")
+        if self.algorithm in ("ppo", "grpo"):
+            self._check_on_policy()
         if self.critic_loss not in ("ce", "mse"):
             raise ValueError(f"critic_loss must be 'ce' or 'mse', got {self.critic_loss!r}")
         if not 0 < self.awr_beta < float("inf"):
@@ -383,6 +385,33 @@ class DigiRLConfig:
             raise ConfigError(f"{'day' if self.day != 1 else 'days_per_iteration'}: drift "
                               "is the simulated phone's (env='sim'); real phones "
                               f"(env={self.env!r}) change on their own")
+
+    def _check_on_policy(self) -> None:
+        """PPO's and GRPO's ratio divides the model's own probability of each recorded token
+        (temperature 1, no mask, the actor's precision) by the one recorded at sampling: the
+        two must be the same distribution before any update, or the ratio is off from the
+        first step (measured on an untrained policy: up to 2.4 nats per token apart at
+        temperature 0.7, 10.6 under the grammar mask, whose recorded probabilities are always
+        the larger, so every negative advantage is clipped away; bf16 scoring put 2.5% of the
+        shipped policy's tokens outside [0.8, 1.2] before any update)."""
+        a = self.algorithm
+        if self.temperature != 1.0:
+            raise ConfigError(f"temperature={self.temperature}: algorithm={a!r} scores the "
+                              "recorded tokens at temperature 1 (greedy decoding records no "
+                              "log-probabilities at all); sample at temperature 1")
+        if self.constrained_decoding:
+            raise ConfigError(f"constrained_decoding: algorithm={a!r} needs the recorded "
+                              "log-probabilities under the distribution it scores, and the "
+                              "grammar mask changes them; run it with constrained_decoding "
+                              "false")
+        if self.actor_precision != "fp32":
+            raise ConfigError(f"actor_precision={self.actor_precision!r}: algorithm={a!r} "
+                              "compares probabilities across a bf16 forward and the "
+                              "sampler's fp32 one (ratios 0.71-1.27 before any update); "
+                              "use 'fp32'")
+        if self.actor_updates == 0:
+            raise ConfigError(f"actor_updates=0 does not freeze algorithm={a!r}: its updates "
+                              "per iteration are ppo_epochs over the iteration's data")
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

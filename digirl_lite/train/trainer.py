@@ -632,13 +632,17 @@ class Trainer:
         every trajectory is terminal (value 0 after its last step), an infrastructure
         truncation included (Darwin A.6). ``monte_carlo``: lambda 1 (the returns no longer
         depend on the values: the warm-up's targets). GRPO: the trajectories of one task
-        form its group; its standardised rewards go to every token (no returns). A
-        trajectory with an unjudged step is left out (its reward is unknown).
+        form its group; its standardised rewards go to every token (no returns), and an
+        infrastructure truncation is left out of it. A trajectory with an unjudged step is
+        left out (its reward is unknown).
         """
         from digirl_lite import ppo
 
         c = self.cfg
-        trajs = [t for t in trajs if t.steps and t.num_unjudged == 0]
+        # GRPO: a device's fault is not the agent's failure (Darwin A.3); a truncated
+        # attempt would enter its group at reward 0 and be pushed down, so it is left out
+        trajs = [t for t in trajs if t.steps and t.num_unjudged == 0
+                 and not (c.algorithm == "grpo" and t.is_infra_truncated)]
         steps = [s for t in trajs for s in t.steps]
         ids = self._token_ids(steps)
         rows = []
@@ -1012,6 +1016,10 @@ class Trainer:
         now = self._config_json()
         changed = {k: (saved.get(k, "<unset>"), now.get(k, "<unset>"))
                    for k in sorted(set(saved) | set(now)) if saved.get(k) != now.get(k)}
+        if "algorithm" in changed:  # another learner's weights and optimiser state
+            raise ConfigError(f"{self.out} was run with algorithm={changed['algorithm'][0]!r}"
+                              f", not {changed['algorithm'][1]!r}: a run cannot change its "
+                              "algorithm on resume; start another run folder")
         if changed and not allow_config_change:
             lines = "\n  ".join(f"{k}: {a!r} in the run, {b!r} now" for k, (a, b)
                                 in changed.items())
