@@ -128,6 +128,7 @@ def test_an_async_run_killed_mid_iteration_resumes_with_unique_ids(tmp_path):
     out = tmp_path / "killed"
     kills = [("background collection 1 started", 1.0), ("stage=online  iteration=1", 0.2),
              ("background collection", 0.5)]
+    killed = 0
     for i, (_, delay) in enumerate(kills):
         later = tuple(m for m, _ in kills[i:])
         rc, lines = run_recipe(out, resume=i > 0, markers=later, delay=delay, extra=extra)
@@ -136,6 +137,8 @@ def test_an_async_run_killed_mid_iteration_resumes_with_unique_ids(tmp_path):
         if rc == 0:
             break
         assert rc == -signal.SIGKILL, text[-3000:]
+        killed += 1
+    assert killed >= 2
     rc, lines = run_recipe(out, resume=True, extra=extra)
     assert rc == 0, "".join(lines[-30:])
     stored = _online_stored(out)
