@@ -148,3 +148,24 @@ def test_an_async_run_killed_mid_iteration_resumes_with_unique_ids(tmp_path):
     summary = json.loads((out / "summary.json").read_text())
     assert set(summary["stages"]) == {"copier", "offline", "online-1", "online"}
     assert summary["online_trajectories"] == 4
+
+
+@pytest.mark.slow  # three Trainers built: 10-20 s on 2 shared cores
+def test_a_checkpoint_from_before_the_learner_field_resumes(tmp_path):
+    """A run checkpointed before ``learner`` and ``max_staleness`` existed resumes under
+    their defaults (no config change to allow); another value for them is a change."""
+    out = tmp_path / "run"
+    small = {k: v for k, v in SMALL.items() if k not in ("learner", "fleet")}
+    t = Trainer(sim_quick(**small), out, cache_dir=None, progress=False)
+    t.phase = "starting_policy"
+    ckpt = t.save_checkpoint()
+    state = json.loads((ckpt / "state.json").read_text())
+    for name in ("learner", "max_staleness"):
+        del state["config"][name]
+        del state["summary"]["config"][name]
+    (ckpt / "state.json").write_text(json.dumps(state))
+    again = Trainer(sim_quick(**small), out, cache_dir=None, progress=False)
+    assert again.load_checkpoint() and again.phase == "starting_policy"
+    changed = Trainer(sim_quick(**SMALL), out, cache_dir=None, progress=False)
+    with pytest.raises(ConfigError, match="learner"):
+        changed.load_checkpoint()
