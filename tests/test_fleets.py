@@ -148,16 +148,16 @@ def test_take_returns_completed_trajectories_and_carries_the_rest():
         with fleet.updating_policy():  # the learner's update
             pass
         second = fleet.take(4, timeout_s=60)
-        fleet.stop()
+        left = fleet.stop()
     got = first + second
     assert len(first) == len(second) == 4
     assert len({e.trajectory.traj_id for e in got}) == 8
     assert all(e.trajectory.is_success for e in got)  # only completed ones, never a middle
     versions = {s.policy_version for e in second for s in e.trajectory.steps}
     assert versions <= {0, 1} and fleet.policy_version == 1
-    # nothing completed is lost: what was not taken is still there or was never finished
+    # nothing completed is lost: what was not taken stop() returns, or it never finished
     s = fleet.stats
-    assert s.episodes == len(got) + len(fleet._completed)
+    assert s.episodes == len(got) + len(left) and fleet.stop() == []
     assert s.discarded_unfinished <= 3
 
 
@@ -218,9 +218,8 @@ def test_soak_in_process_and_stream_loses_nothing():
         got = []
         for _ in range(5):
             got += fleet.take(6, timeout_s=120)
-        fleet.stop()
-        left = fleet._take_all()
-    counts = _check_soak(got + [e for _, e in left], len(got) + len(left))
+        left = fleet.stop()
+    counts = _check_soak(got + left, len(got) + len(left))
     assert counts["infra"] > 0 and fleet.stats.episodes == len(got) + len(left)
 
 

@@ -337,6 +337,14 @@ class ScreenTable:
         except KeyError as e:
             raise KeyError(f"screen {e.args[0]!r} is not in this ScreenTable") from None
 
+    def row(self, screen_id: str) -> tuple[Any, np.ndarray | None]:
+        """(image or its loader, features or None) of one screen, as stored. Reads neither
+        the matrix nor a loader, so another thread may :meth:`add` meanwhile (the
+        asynchronous learner copies completed trajectories' screens out of the table its
+        fleet is still writing)."""
+        i = self._index[screen_id]
+        return self._images[i], self._features[i]
+
     def has_features(self, screen_id: str) -> bool:
         return self._features[self._index[screen_id]] is not None
 

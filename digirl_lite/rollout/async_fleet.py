@@ -15,7 +15,8 @@ Two ways to use it:
   carries the rest over; active episodes keep running meanwhile (no bootstrapping from a
   truncated middle). Wrap weight updates in ``with fleet.updating_policy():`` so no batch is
   sampled from half-updated weights; each step records the ``policy_version`` that wrote it,
-  so staleness is measurable. ``stop()`` discards the episodes still running.
+  so staleness is measurable. ``stop()`` discards the episodes still running and returns
+  the completed ones no ``take`` returned.
 
 Devices run where :mod:`.devices` puts them: ``backend="local"`` (threads over in-process
 environments: for phones whose steps wait on a device, not on this CPU) or ``"process"``.
@@ -173,10 +174,12 @@ class AsyncFleet(_DeviceFleet):
             n = min(k, len(self._completed))
             return [self._completed.popleft()[1] for _ in range(n)]
 
-    def stop(self) -> None:
-        """Stop collecting; episodes still running are discarded (never recorded)."""
+    def stop(self) -> list[Episode]:
+        """Stop collecting; episodes still running are discarded (never recorded). Returns
+        the completed episodes no ``take`` had returned yet (oldest first), for the caller
+        to carry over."""
         if self._loop is None:
-            return
+            return []
         self._stopping.set()
         for box in self._boxes:
             box.put(_STOP)
@@ -189,6 +192,7 @@ class AsyncFleet(_DeviceFleet):
             log.info("async fleet stopped: %d unfinished episodes discarded", discarded)
         self._rec.active.clear()
         self._loop = None
+        return [e for _, e in self._take_all()]
 
     def close(self) -> None:
         self.stop()

@@ -19,6 +19,8 @@ __all__ = ["ConfigError", "DigiRLConfig", "load_config", "sim_webshop", "sim_qui
 
 ALGORITHMS = ("digirl", "filtered_bc", "awr", "ppo", "grpo")
 STEP_FILTERS = ("paper", "released", "none")  # digirl_lite.filters.STEP_FILTERS
+LEARNERS = ("sync", "async")
+ASYNC_FLEETS = ("async", "ray")  # the fleets with start / take (rollout.async_fleet)
 _PPO = ("ppo_clip_eps", "ppo_epochs", "ppo_minibatch", "kl_coef")  # PPO and GRPO
 _PPO_ONLY = ("ppo_gamma", "ppo_lam", "value_coef", "value_lr", "critic_warmup_updates")
 _DIGIRL = ("instruction_filter", "step_filter", "critic_loss", "awr_beta", "awr_max_weight")
@@ -61,6 +63,22 @@ class DigiRLConfig:
     "ray" (asynchronous, phones in Ray actors): digirl_lite.rollout.make_fleet."""
     fleet_options: dict[str, Any] = field(default_factory=dict)
     """Passed to the fleet's constructor (e.g. ``{"address": "ray://head:10001"}``)."""
+    learner: str = "sync"
+    """"sync" (the paper's loop: each iteration collects its own ``rollouts_per_iteration``
+    trajectories with the weights of the iteration before, then updates) or "async" (issue
+    17, spec/DARWIN.md A.1: the fleet collects without pause on an endless stream of training
+    tasks while the learner updates; each iteration takes the oldest completed trajectories,
+    drops those more than ``max_staleness`` versions old, and publishes its new weights to
+    the phones). Needs a fleet that collects in the background (``fleet`` "async" or "ray");
+    not with "grpo" (a take would split a task's group), drift (``days_per_iteration``) or
+    several processes."""
+    max_staleness: int = 2
+    """``learner`` "async": a trajectory whose oldest step was sampled with weights more than
+    this many policy versions (iterations) behind the learner's is dropped, not trained on
+    (counted as ``async_dropped`` in metrics.jsonl). This project's choice: Darwin (A.1)
+    measured the drift of carried-over data harmless at moderate staleness; 2 keeps an
+    episode that straddles one update plus the over-collection carried into the next, and
+    still bounds how far PPO's recorded log-probabilities (clipped ratio) may lag."""
     device: str = "cpu"
     """Where the learner runs, through Accelerate: "cpu", "auto" (a GPU when there is one),
     or "cuda". Under ``accelerate launch`` each process takes its own device."""
@@ -346,6 +364,7 @@ class DigiRLConfig:
 
         if self.fleet not in FLEETS:
             raise ValueError(f"fleet must be one of {FLEETS}, got {self.fleet!r}")
+        self._check_learner()
         if self.device not in ("cpu", "auto", "cuda") and not self.device.startswith("cuda:"):
             raise ValueError(f"device must be 'cpu', 'auto' or 'cuda', got {self.device!r}")
         if self.env not in ("sim", "android"):
@@ -412,6 +431,29 @@ class DigiRLConfig:
         if self.actor_updates == 0:
             raise ConfigError(f"actor_updates=0 does not freeze algorithm={a!r}: its updates "
                               "per iteration are ppo_epochs over the iteration's data")
+
+    def _check_learner(self) -> None:
+        if self.learner not in LEARNERS:
+            raise ConfigError(f"learner must be one of {LEARNERS}, got {self.learner!r}")
+        if self.max_staleness < 0:
+            raise ConfigError(f"max_staleness must be >= 0, got {self.max_staleness}")
+        if self.learner == "sync":
+            if self.max_staleness != DigiRLConfig.max_staleness:
+                raise ConfigError(f"max_staleness={self.max_staleness} has no effect with "
+                                  "learner='sync' (every iteration trains on its own fresh "
+                                  "trajectories): set learner='async' or leave it")
+            return
+        if self.fleet not in ASYNC_FLEETS:
+            raise ConfigError(f"learner='async' needs a fleet that collects in the background "
+                              f"(fleet one of {ASYNC_FLEETS}), got fleet={self.fleet!r}")
+        if self.algorithm == "grpo":
+            raise ConfigError("learner='async' with algorithm='grpo': the learner takes "
+                              "trajectories as they complete, which splits a task's group "
+                              "of grpo_group attempts; use algorithm 'ppo' (or learner 'sync')")
+        if self.days_per_iteration:
+            raise ConfigError("learner='async' with days_per_iteration: the drift day is "
+                              "set per iteration, and the asynchronous stream has no "
+                              "iterations; use learner 'sync' for drift runs")
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -9,17 +9,24 @@ trajectories. Online, each iteration: collect K trajectories at temperature 1.0;
 the buffer; train both critics on the raw buffer; keep the top 10% of trajectories by
 Eq. 4.4; keep their steps with Eq. 4.3 > 1/H; MLE updates of the actor on the kept steps.
 Filtered BC replaces the two filters by "successful trajectories, every step".
+
+With ``learner="async"`` (issue 17, spec/DARWIN.md A.1) the collection never waits for the
+learner: the fleet runs on an endless stream of training tasks, each iteration takes the
+oldest completed trajectories, drops the stale ones, updates exactly as above and publishes
+its weights to the phones (:meth:`Trainer.online_iteration`).
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import random
 import shutil
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -158,6 +165,10 @@ class Trainer:
             raise ConfigError(f"algorithm: {cfg.algorithm!r} runs in one process for now "
                               f"(this launch has {self.world}); use accelerate launch with "
                               "DigiRL, Filtered BC or AWR")
+        if self.world > 1 and cfg.learner == "async":
+            # one background collection per process would need its takes exchanged in step
+            raise ConfigError(f"learner: 'async' runs in one process for now (this launch "
+                              f"has {self.world}); use learner 'sync' under accelerate launch")
         # under `accelerate launch` every process collects its own trajectories
         self._seed_everything(cfg.seed + 7919 * self.rank)
         # every size follows the policy: image features, screen tables, the step critic
@@ -197,6 +208,13 @@ class Trainer:
         self.curve: list[tuple[int, float]] = []
         self._fleet = None
         self._tb = None
+        # learner "async": the background collection (see online_iteration)
+        self._collecting = False
+        self._behaviour = None  # the phones' copy of the policy, refreshed by _publish
+        self._collect_screens: ScreenTable | None = None  # written by the fleet's thread
+        self._collect_agent: PolicyBatchAgent | None = None
+        self._carried: list[Trajectory] = []  # completed, not yet taken, when it stopped
+        self._generation = 0  # collections started by this process
         # the phones last: devices are reached (emulators started) only once the rest holds
         self.phones = make_phones(cfg, seed=cfg.seed + 7919 * self.rank)
         if self.phones.n != cfg.n_envs:
@@ -320,6 +338,7 @@ class Trainer:
     def close(self) -> None:
         """Stop the fleet's workers (threads, processes, Ray actors), the emulators this run
         started, and TensorBoard."""
+        self._collecting = False  # close() stops the background collection too
         if self._fleet is not None:
             self._fleet.close()
             self._fleet = None
@@ -465,7 +484,11 @@ class Trainer:
 
         When the judge cannot answer (``max_unjudged_steps`` in a row), what had finished
         is stored (the run's store, or the evaluation's), a checkpoint is saved from the
-        online phase on, and :class:`RunStopped` says why."""
+        online phase on, and :class:`RunStopped` says why.
+
+        A background collection (``learner="async"``) is stopped first (the fleet collects
+        one thing at a time); the next take starts it again."""
+        self._stop_collecting()
         if self.cfg.day != 1 or self.cfg.days_per_iteration:  # drift (env "sim" only)
             kw["reset_options"] = {"day": self.phone_day(kw.get("iteration"))}
         a = self.rank * len(tasks) // self.world
@@ -485,33 +508,42 @@ class Trainer:
         if self.world > 1:
             episodes, stopped = self._exchange(episodes, stopped, screens, id_prefix, a)
         if stopped is not None:
-            got = [ep.trajectory for ep in episodes]
-            self.features.fill(screens)
-            where = self.out / "store"
-            if stage.startswith("eval"):
-                where = self.out / "eval" / stage.removeprefix("eval:")
-                if self.is_main and got:
-                    TrajectoryStore.create(where, screens.feature_dim, exist_ok=True).append(
-                        got, screens)
-            elif got:
-                self._store_append(got)
-            saved = ""
-            if stage.startswith("online"):
-                saved = f"; checkpoint {self.save_checkpoint()}"
-            n, reason = stopped
-            self.log(stage="stopped", during=stage, unjudged_in_a_row=n, reason=reason,
-                     kept_trajectories=len(got))
-            raise RunStopped(
-                f"stopped during {stage}: {n} steps in a row were unjudged; the last one: "
-                f"{reason} (the judge's config: {self.cfg.judge}). {len(got)} finished "
-                f"trajectories were stored in {where}{saved}; fix the judge and resume")
-        steps = sum(len(ep.trajectory) for ep in episodes)
-        unjudged = sum(ep.trajectory.num_unjudged for ep in episodes)
+            self._stop_run(stage, [ep.trajectory for ep in episodes], screens, *stopped)
+        self._tally_unjudged(stage, [ep.trajectory for ep in episodes])
+        return episodes
+
+    def _stop_run(self, stage: str, got: list[Trajectory], screens: ScreenTable, n: int,
+                  reason: str) -> None:
+        """The judge could not answer: store what had finished (``got``), checkpoint from
+        the online phase on, raise :class:`RunStopped`."""
+        self.features.fill(screens)
+        where = self.out / "store"
+        if stage.startswith("eval"):
+            where = self.out / "eval" / stage.removeprefix("eval:")
+            if self.is_main and got:
+                TrajectoryStore.create(where, screens.feature_dim, exist_ok=True).append(
+                    got, screens)
+        elif got:
+            self._store_append(got)
+        saved = ""
+        if stage.startswith("online"):
+            saved = f"; checkpoint {self.save_checkpoint()}"
+        self.log(stage="stopped", during=stage, unjudged_in_a_row=n, reason=reason,
+                 kept_trajectories=len(got))
+        raise RunStopped(
+            f"stopped during {stage}: {n} steps in a row were unjudged; the last one: "
+            f"{reason} (the judge's config: {self.cfg.judge}). {len(got)} finished "
+            f"trajectories were stored in {where}{saved}; fix the judge and resume")
+
+    def _tally_unjudged(self, stage: str, trajs: Sequence[Trajectory]) -> None:
+        """Count ``trajs``' unjudged steps and steps under ``stage`` (the judge's
+        reliability in the summary)."""
+        steps = sum(len(t) for t in trajs)
+        unjudged = sum(t.num_unjudged for t in trajs)
         name = "online" if stage.startswith("online") else stage
         tally = self.summary.setdefault("unjudged_steps", {})
         u, n = tally.get(name, (0, 0))
         tally[name] = [u + unjudged, n + steps]
-        return episodes
 
     def _exchange(self, episodes: list, stopped: tuple[int, str] | None,
                   screens: ScreenTable, id_prefix: str, first: int):
@@ -848,11 +880,19 @@ class Trainer:
 
     def online_iteration(self, k: int, collected: list[Trajectory] | None = None) -> None:
         """Iteration ``k`` (1-based). ``collected``: trajectories already collected and
-        stored for it before a crash (resume), so they are not collected again."""
+        stored for it before a crash (resume), so they are not collected again.
+
+        ``learner="async"``: instead of collecting, take ``rollouts_per_iteration``
+        completed trajectories from the background collection (:meth:`take_online`), then
+        update as the synchronous loop does and publish the new weights to the phones
+        (:meth:`_publish`: steps sampled from then on carry version ``k``)."""
         c = self.cfg
         t_iter = time.perf_counter()
         before = dict(self.timings)
-        if collected is None:
+        staleness: dict[str, Any] = {}
+        if collected is None and c.learner == "async":
+            collected, staleness = self.take_online(k)
+        elif collected is None:
             tasks = self._train_tasks()
             # process 0 draws every process's tasks: rollouts_per_iteration each
             group = c.grpo_group if c.algorithm == "grpo" else 1  # GRPO: each task G times
@@ -882,6 +922,10 @@ class Trainer:
                 self.buffer.trajectories("train"), "top_p" if c.instruction_filter else "all"))
             loss = self._timed("actor", lambda: self.train_actor(steps, c.actor_updates,
                                                                  weights))
+        if c.learner == "async":
+            self._publish(k)
+            if not staleness:  # resumed with what was stored before a crash
+                staleness = {"async_dropped": 0, **self._staleness_counts(collected, k - 1)}
         self.iteration, self.phase = k, "online"
         self._timed("checkpoint", self.save_checkpoint)
         wins = float(np.mean([t.is_success for t in collected])) if collected else 0.0
@@ -890,7 +934,152 @@ class Trainer:
         split["environments"] = round(split["collect"] - split["inference"], 3)
         self.log(stage="online", iteration=k, online_trajectories=self.online_trajectories,
                  collect_success=round(wins, 4), **crit, **kept, actor_loss=loss,
-                 seconds=round(time.perf_counter() - t_iter, 2), time_split=split)
+                 **staleness, seconds=round(time.perf_counter() - t_iter, 2),
+                 time_split=split)
+
+    # -- the asynchronous learner (learner="async"; issue 17, spec/DARWIN.md A.1) ----------
+    def take_online(self, k: int) -> tuple[list[Trajectory], dict[str, Any]]:
+        """Iteration ``k``'s data from the background collection (started here if it is not
+        running): the oldest completed trajectories, first those carried over from a
+        stopped collection, until ``rollouts_per_iteration`` of them are at most
+        ``max_staleness`` policy versions behind the learner's (``k - 1``: the weights after
+        ``k - 1`` iterations). A trajectory's staleness is that of its oldest step; staler
+        ones are dropped (neither stored nor trained on, counted in ``async_dropped``).
+        What is kept is renumbered to iteration ``k``, its screens copied into the run's
+        table, and stored. Returns the trajectories and the counts for metrics.jsonl:
+        ``async_dropped``, ``staleness`` (kept trajectories per staleness) and
+        ``staleness_max``; the steps keep the ``policy_version`` they were sampled with.
+
+        ``collect`` in the iteration's ``time_split`` is the learner's wait for completed
+        trajectories; the phones' inference runs beside the learner, in
+        ``async_inference_s``."""
+        c = self.cfg
+        self._start_collecting()
+        now = k - 1
+        kept: list[Trajectory] = []
+        dropped: list[Trajectory] = []
+        inference0 = self._collect_agent.seconds
+        t0 = time.perf_counter()
+        while len(kept) < c.rollouts_per_iteration:
+            want = c.rollouts_per_iteration - len(kept)
+            batch, self._carried = self._carried[:want], self._carried[want:]
+            if len(batch) < want:
+                try:
+                    batch += [e.trajectory for e in self.fleet().take(want - len(batch))]
+                except JudgeUnavailable as e:  # store what completed, as the sync loop does
+                    self._collecting = False
+                    self.fleet().stop()
+                    got = kept + [t for t in batch + [ep.trajectory for ep in e.episodes]
+                                  if self._stale(t, now) <= c.max_staleness]
+                    self._stop_run(f"online iteration {k}", self._adopt(got, k),
+                                   self.screens, e.n, e.reason)
+            for t in batch:
+                (kept if self._stale(t, now) <= c.max_staleness else dropped).append(t)
+        self.timings["collect"] = self.timings.get("collect", 0.0) + time.perf_counter() - t0
+        self._tally_unjudged("online", kept + dropped)
+        kept = self._adopt(kept, k)
+        self._timed("store", lambda: self._store_append(kept))
+        summary = self.summary.setdefault("async", {"kept": 0, "dropped": 0})
+        summary["kept"] += len(kept)
+        summary["dropped"] += len(dropped)
+        return kept, {"async_dropped": len(dropped),
+                      "async_dropped_staleness": sorted(self._stale(t, now) for t in dropped),
+                      **self._staleness_counts(kept, now),
+                      "async_inference_s": round(self._collect_agent.seconds - inference0, 3)}
+
+    @staticmethod
+    def _stale(t: Trajectory, now: int) -> int:
+        """Policy versions between ``now`` and ``t``'s oldest step (0 without steps)."""
+        return now - min((s.policy_version for s in t.steps), default=now)
+
+    def _staleness_counts(self, trajs: Sequence[Trajectory], now: int) -> dict[str, Any]:
+        got = [self._stale(t, now) for t in trajs]
+        return {"staleness": {str(v): got.count(v) for v in sorted(set(got))},
+                "staleness_max": max(got, default=0)}
+
+    def _adopt(self, trajs: list[Trajectory], k: int) -> list[Trajectory]:
+        """``trajs`` from the background collection as iteration ``k``'s: renumbered, their
+        screens copied into the run's table (the fleet's thread keeps writing its own),
+        features filled."""
+        trajs = [replace(t, iteration=k) for t in trajs]
+        self._copy_screens(trajs, self._collect_screens, self.screens)
+        self.features.fill(self.screens)
+        return trajs
+
+    @staticmethod
+    def _copy_screens(trajs: Sequence[Trajectory], src: ScreenTable, dst: ScreenTable) -> None:
+        for t in trajs:
+            for st in t.steps:
+                for sid in (st.screen_id, st.next_screen_id):
+                    if sid not in dst:
+                        image, feats = src.row(sid)
+                        dst.add(image, feats, screen_id=sid)
+
+    def _start_collecting(self) -> None:
+        """Start the background collection unless it runs: the phones' own copy of the
+        policy (:meth:`_publish` refreshes it; the learner never updates weights a phone is
+        sampling from), a screen table of their own, and an endless stream of training
+        tasks drawn from a generator seeded by the run's ``rng``. Trajectory ids are
+        ``online-s{seed}-a{generation}-{k}``: the generation counts the starts over the
+        run, resumes included (read back from the store), so ids never repeat."""
+        import re
+
+        from digirl_lite.vision import FeatureCache
+
+        if self._collecting:
+            return
+        c = self.cfg
+        pattern = re.compile(rf"online-s{c.seed}-a(\d+)-")
+        stored = [int(m.group(1)) for i in self._stored_ids if (m := pattern.match(i))]
+        self._generation = max([self._generation, *stored]) + 1
+        if self._behaviour is None:
+            self._behaviour = copy.copy(self.policy)  # the tokenizer is shared (read only)
+            self._behaviour.model = copy.deepcopy(self.policy.model)
+        else:
+            self._behaviour.model.load_state_dict(self.policy.model.state_dict())
+        self._behaviour.model.eval()
+        if self._collect_screens is None:
+            self._collect_screens = ScreenTable(self.policy.img_dim)
+        self._collect_agent = PolicyBatchAgent(
+            self._behaviour, FeatureCache(self.features.encoder, max_items=4096),
+            self._collect_screens, c.temperature, c.max_new_tokens, c.constrained_decoding)
+        fleet = self.fleet()
+        fleet.policy_version = self.iteration
+        seed = int(self.rng.integers(0, 2**31 - 1))
+        kw = {"reset_options": {"day": c.day}} if c.day != 1 else {}
+        fleet.start(self._collect_agent, self._task_stream(np.random.default_rng(seed)),
+                    self._collect_screens, id_prefix=f"online-s{c.seed}-a{self._generation:03d}",
+                    source=Source.ONLINE, iteration=self.iteration + 1, seed=seed, **kw)
+        self._collecting = True
+        self.say(f"background collection {self._generation} started at policy version "
+                 f"{self.iteration} on {self.phones.n} phones")
+
+    def _task_stream(self, rng: np.random.Generator) -> Iterator[Any]:
+        """Training tasks drawn uniformly with ``rng``, without end."""
+        tasks = self._train_tasks()
+        while True:
+            yield tasks[int(rng.integers(0, len(tasks)))]
+
+    def _stop_collecting(self) -> None:
+        """Stop the background collection (before an evaluation, at the end): episodes still
+        running are lost by design (as at a kill); completed ones not yet taken are carried
+        over to the next take. The phones' screen table keeps only what those need."""
+        if not self._collecting:
+            return
+        self._collecting = False
+        left = [e.trajectory for e in self.fleet().stop()]
+        self._carried += left
+        keep = ScreenTable(self.policy.img_dim)
+        self._copy_screens(self._carried, self._collect_screens, keep)
+        self._collect_screens = keep
+
+    def _publish(self, k: int) -> None:
+        """The learner's weights to the phones, inference held while they change; steps
+        sampled from then on carry policy version ``k``."""
+        if not self._collecting or self._behaviour is None:
+            return  # the next start copies them
+        with self.fleet().updating_policy(version=k):
+            self._behaviour.model.load_state_dict(self.policy.model.state_dict())
 
     def evaluate(self, stage: str) -> dict[str, Any]:
         screens = ScreenTable(self.policy.img_dim)
@@ -1014,6 +1203,9 @@ class Trainer:
         state = json.loads((d / "state.json").read_text())
         saved = state.get("config", state["summary"].get("config", {}))
         now = self._config_json()
+        # a field added since the run was saved, left at its default, changes nothing
+        defaults = json.loads(json.dumps(DigiRLConfig().as_dict(), default=str))
+        saved = {**{k: v for k, v in defaults.items() if k not in saved}, **saved}
         changed = {k: (saved.get(k, "<unset>"), now.get(k, "<unset>"))
                    for k in sorted(set(saved) | set(now)) if saved.get(k) != now.get(k)}
         if "algorithm" in changed:  # another learner's weights and optimiser state
