@@ -33,6 +33,7 @@ from digirl_lite.envs.android import (
     perform,
 )
 from digirl_lite.envs.base import TRUNCATION_INFRA
+from digirl_lite.envs.lifecycle import PhaseFailed
 from digirl_lite.judge import JudgeResult
 from digirl_lite.rollout import ScriptedBatchAgent, SyncFleet
 
@@ -195,6 +196,67 @@ def test_a_lost_device_or_a_blank_screen_is_an_infrastructure_truncation():
     eps = fleet.collect(ScriptedBatchAgent(lambda s: None), ["Go to shop.com"], ScreenTable(),
                         id_prefix="a")
     assert eps[0].trajectory.ending is Ending.INFRA and not eps[0].trajectory.steps
+
+
+# -- the task lifecycle on the stand-in (spec/DARWIN.md A.2, A.3) ---------------------------
+TAP = Gesture("tap", start=(10, 20), end=(10, 20))
+SWIPE = Gesture("swipe", start=(1, 2), end=(3, 4))
+
+
+def test_android_setup_runs_before_the_first_screenshot_and_teardown_after_the_episode():
+    dev = StandInDevice([HOME, SHOP])
+    env = AndroidEnv(AndroidConfig(settle_s=0, blank_wait_s=0), judge=ScreenJudge(), horizon=3,
+                     device=dev, sleep=lambda s: None, setup=[{"tap": [10, 20]}],
+                     teardown=[{"swipe": [1, 2, 3, 4]}])
+    _, info = env.reset(task="Go to shop.com")
+    assert info["setup"] == "done" and dev.gestures == [Gesture("key", keycode=3), TAP]
+    assert dev.shots == 1
+    *_, term, _, info = env.step(format_action(Action.tap(x=0.5, y=0.5)))
+    assert term and info["teardown"] == "done" and dev.gestures[-1] == SWIPE
+    assert len(dev.gestures) == 4  # Home, setup tap, the agent's tap, teardown swipe
+
+
+def test_android_hard_reset_every_k_episodes_and_after_a_failed_setup():
+    dev = StandInDevice([HOME])
+    env = AndroidEnv(AndroidConfig(settle_s=0), horizon=3, device=dev, sleep=lambda s: None,
+                     hard_reset_every=2, hard_reset=[{"swipe": [1, 2, 3, 4]}])
+    kinds = []
+    for _ in range(5):
+        _, info = env.reset(task="t")
+        kinds.append(info["reset"])
+    assert kinds == ["hard", "home", "hard", "home", "hard"]
+    assert dev.gestures.count(SWIPE) == 3
+    with pytest.raises(ValueError, match="hard_reset_every needs"):
+        AndroidEnv(AndroidConfig(), hard_reset_every=2)
+    calls = []
+    env = AndroidEnv(AndroidConfig(settle_s=0), device=StandInDevice([HOME], fail_after=1),
+                     sleep=lambda s: None, hard_reset_every=10,
+                     hard_reset=lambda: calls.append("snapshot"), setup=[{"tap": [1, 1]}])
+    env.reset(task="t")
+    env.device = StandInDevice([HOME])
+    env.reset(task="t")
+    assert calls == ["snapshot"]  # episode 2 of 10: Home
+    env.device.perform = lambda g: (_ for _ in ()).throw(DeviceUnavailable("no touch"))
+    with pytest.raises(PhaseFailed, match=r"setup phase failed: command 0 \(tap \[1, 1\]\)"):
+        env.reset(task="t")
+    env.device = StandInDevice([HOME])
+    _, info = env.reset(task="t")
+    assert info["reset"] == "hard" and calls == ["snapshot"] * 2
+
+
+def test_an_android_setup_that_fails_is_an_infrastructure_truncation_in_a_fleet():
+    def make(slot):
+        dev = StandInDevice([HOME])
+        dev.perform = lambda g: (_ for _ in ()).throw(DeviceUnavailable("screen locked"))
+        return AndroidEnv(AndroidConfig(settle_s=0), judge=ScreenJudge(), device=dev,
+                          sleep=lambda s: None, setup=[{"tap": [1, 1]}], reset=lambda: None)
+
+    with SyncFleet(make, 1) as fleet:
+        eps = fleet.collect(ScriptedBatchAgent(lambda s: None), ["Go to shop.com"],
+                            ScreenTable(), id_prefix="a")
+    t = eps[0].trajectory
+    assert t.ending is Ending.INFRA and not t.steps and not t.is_usable
+    assert "setup phase failed" in t.truncation_reason and "screen locked" in t.truncation_reason
 
 
 # -- the emulator manager, on a stand-in SDK --------------------------------------------------
@@ -453,3 +515,41 @@ def test_android_env_on_the_fake_driver(appium_server, tmp_path):
         assert env.device.driver.get_log("actions")
     finally:
         env.close()
+
+
+@pytest.mark.android
+@pytest.mark.slow
+def test_android_lifecycle_commands_reach_the_fake_driver(appium_server, tmp_path):
+    """Setup and teardown commands through the real server: the fake driver's session
+    "thing" (``fake: setThing`` / ``fake: getThing``) and its action log show them; a setup
+    whose check fails is an infrastructure truncation in a fleet."""
+    cfg = _config(appium_server, tmp_path, settle_s=0, connect_retries=0)
+    setup = [{"script": "fake: setThing", "args": {"thing": "cart: 1 lamp"}},
+             {"script": "fake: getThing", "expect": "cart: 1 lamp"}, {"tap": [100, 200]}]
+    teardown = [{"script": "fake: setThing", "args": {"thing": "cart: empty"}},
+                {"swipe": [540, 1800, 540, 400]}]
+    env = AndroidEnv(cfg, judge=ScreenJudge(), horizon=1, reset=lambda: None, setup=setup,
+                     teardown=teardown)
+    try:
+        env.reset(task="Buy a lamp")
+        d = env.device.driver
+        assert d.execute_script("fake: getThing") == "cart: 1 lamp"
+        taps = [[a for a in seq[0]["actions"] if a["type"] == "pointerMove"]
+                for seq in d.get_log("actions")]
+        assert (taps[-1][0]["x"], taps[-1][0]["y"]) == (100, 200)
+        *_, trunc, info = env.step(format_action(Action.tap(x=0.5, y=0.5)))
+        assert trunc and info["truncation"] == "budget" and info["teardown"] == "done"
+        assert d.execute_script("fake: getThing") == "cart: empty"
+        moves = [[a for a in seq[0]["actions"] if a["type"] == "pointerMove"]
+                 for seq in d.get_log("actions")]
+        assert [(m["x"], m["y"]) for m in moves[-1]] == [(540, 1800), (540, 400)]
+    finally:
+        env.close()
+
+    bad = [{"script": "fake: getThing", "expect": "a state the device is not in"}]
+    with SyncFleet(lambda slot: AndroidEnv(cfg, reset=lambda: None, setup=bad), 1) as fleet:
+        eps = fleet.collect(ScriptedBatchAgent(lambda s: None), ["Buy a lamp"], ScreenTable(),
+                            id_prefix="f")
+    t = eps[0].trajectory
+    assert t.ending is Ending.INFRA and not t.is_usable
+    assert "setup phase failed: command 0 (script fake: getThing)" in t.truncation_reason

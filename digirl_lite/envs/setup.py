@@ -61,6 +61,12 @@ class AndroidPlan:
     emulators: dict[str, Any] | None = None
     options: dict[str, Any] = field(default_factory=dict)
     reset: str = "home"
+    setup: tuple[Any, ...] = ()
+    """:class:`~digirl_lite.envs.lifecycle.DeviceCommand` s before every episode."""
+    teardown: tuple[Any, ...] = ()
+    """Commands after every episode that ended on the agent's account."""
+    hard_reset: tuple[Any, ...] = ()
+    """Commands of a hard reset on running devices (``hard_reset_every``)."""
 
     @property
     def n(self) -> int:
@@ -71,10 +77,11 @@ def android_plan(section: dict[str, Any]) -> AndroidPlan:
     """Parse and check the ``android`` config section (no device is contacted here)."""
     from digirl_lite.envs.android.device import AndroidConfig
     from digirl_lite.envs.android.emulator import EmulatorConfig
+    from digirl_lite.envs.lifecycle import device_commands
 
     if not isinstance(section, dict):
         raise ConfigError("android: expected a JSON object")
-    allowed = {"devices", "emulators", "options", "reset"}
+    allowed = {"devices", "emulators", "options", "reset", "setup", "teardown", "hard_reset"}
     unknown = sorted(set(section) - allowed)
     if unknown:
         raise ConfigError(f"android: unknown keys {unknown} (one of {sorted(allowed)}: "
@@ -89,6 +96,15 @@ def android_plan(section: dict[str, Any]) -> AndroidPlan:
     reset = section.get("reset", "snapshot" if has_emu else "home")
     if reset not in _RESETS:
         raise ConfigError(f"android.reset: one of {_RESETS}, got {reset!r}")
+    phases = {}
+    for name in ("setup", "teardown", "hard_reset"):
+        try:
+            phases[name] = device_commands(section.get(name), f"android.{name}")
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+    if phases["hard_reset"] and has_emu:
+        raise ConfigError("android.hard_reset: emulators hard-reset by loading their "
+                          "snapshot; the commands are for running 'devices'")
     if has_dev:
         devs = section["devices"]
         if not isinstance(devs, list) or not devs:
@@ -104,7 +120,7 @@ def android_plan(section: dict[str, Any]) -> AndroidPlan:
             if "server_url" not in d:
                 raise ConfigError(f"android.devices[{i}]: no server_url")
             devices.append(kw)
-        return AndroidPlan(devices=devices, options=options, reset=reset)
+        return AndroidPlan(devices=devices, options=options, reset=reset, **phases)
     emu = section["emulators"]
     if isinstance(emu, dict) and "avd" not in emu and not set(emu) - _fields(EmulatorConfig):
         raise ConfigError("android.emulators.avd: not set (the AVD to clone)")
@@ -112,7 +128,7 @@ def android_plan(section: dict[str, Any]) -> AndroidPlan:
     if reset == "task":
         raise ConfigError("android.reset: 'task' needs devices with their own task set-up "
                           "(served simulated phones); emulators reset by 'snapshot' or 'home'")
-    return AndroidPlan(emulators=emu, options=options, reset=reset)
+    return AndroidPlan(emulators=emu, options=options, reset=reset, **phases)
 
 
 def task_list(cfg: Any, split: str) -> list[Any]:
@@ -146,8 +162,10 @@ class EndpointEnvFactory:
     threads, worker processes, Ray actors."""
 
     def __init__(self, devices: list[dict[str, Any]], judge: dict | None, horizon: int,
-                 reset: str = "home") -> None:
+                 reset: str = "home", **lifecycle: Any) -> None:
         self.devices, self.judge, self.horizon, self.reset = devices, judge, horizon, reset
+        self.lifecycle = lifecycle
+        """AndroidEnv's setup, teardown, hard_reset_every and hard_reset (commands)."""
 
     def __call__(self, slot: int = 0):
         from digirl_lite.envs.android.device import AndroidConfig
@@ -155,7 +173,7 @@ class EndpointEnvFactory:
         from digirl_lite.envs.judges import make_judge
 
         return AndroidEnv(AndroidConfig(**self.devices[slot]), judge=make_judge(self.judge),
-                          horizon=self.horizon, reset=self.reset)
+                          horizon=self.horizon, reset=self.reset, **self.lifecycle)
 
 
 @dataclass
@@ -213,17 +231,23 @@ def make_phones(cfg: Any, seed: int, probe: bool = True) -> Phones:
         from digirl_lite.envs.sim import SimEnvFactory, Surprises
 
         kw = {"horizon": cfg.horizon} if cfg.horizon else {}
+        if cfg.hard_reset_every is not None:
+            kw["hard_reset_every"] = cfg.hard_reset_every
         if cfg.sim_surprises:
             kw["surprises"] = {**dataclasses.asdict(Surprises()), **cfg.sim_surprises}
         make = SimEnvFactory(judge=cfg.judge, seed=seed, tasks=cfg.task_file or cfg.world, **kw)
         return Phones(make, cfg.n_envs, train, test, "sim")
     plan = android_plan(cfg.android)
     needs_check = plan.reset == "task" or (cfg.judge or {}).get("judge") == "env"
+    every = cfg.hard_reset_every or 0
+    lifecycle: dict[str, Any] = {"setup": plan.setup, "teardown": plan.teardown}
     if plan.emulators is None:
         if probe:
             for kw in plan.devices:
                 probe_device(kw, needs_check)
-        make = EndpointEnvFactory(plan.devices, cfg.judge, horizon, plan.reset)
+        if every:
+            lifecycle.update(hard_reset_every=every, hard_reset=plan.hard_reset)
+        make = EndpointEnvFactory(plan.devices, cfg.judge, horizon, plan.reset, **lifecycle)
         return Phones(make, plan.n, train, test, "android")
     from digirl_lite.envs.android.emulator import EmulatorConfig, EmulatorManager, SdkToolMissing
 
@@ -236,10 +260,12 @@ def make_phones(cfg: Any, seed: int, probe: bool = True) -> Phones:
     except SdkToolMissing as e:
         raise ConfigError(f"android.emulators: {e}") from None
     manager.start()
-    if plan.reset == "home":  # endpoints only: picklable for worker processes and Ray actors
+    if plan.reset == "home" and not every:  # endpoints: picklable for workers and Ray actors
         devices = [{**dataclasses.asdict(manager.android_config(i)), **plan.options}
                    for i in range(plan.n)]
-        make = EndpointEnvFactory(devices, cfg.judge, horizon, "home")
-    else:
-        make = manager.env_factory(cfg.judge, horizon, **plan.options)
+        make = EndpointEnvFactory(devices, cfg.judge, horizon, "home", **lifecycle)
+    else:  # snapshot resets, or Home with a snapshot load every ``every`` episodes
+        make = manager.env_factory(cfg.judge, horizon, minimal_reset=plan.reset == "home",
+                                   hard_reset_every=every, setup=plan.setup,
+                                   teardown=plan.teardown, **plan.options)
     return Phones(make, plan.n, train, test, "android", manager)

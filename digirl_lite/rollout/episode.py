@@ -18,6 +18,7 @@ from digirl_lite.data.records import (
     screen_id_of_image,
 )
 from digirl_lite.envs.base import TRUNCATION_INFRA, Env, Observation
+from digirl_lite.envs.lifecycle import PhaseFailed
 
 __all__ = ["Agent", "EpisodeRecorder", "SampledAction", "run_episode", "record_screen",
            "RECORD_SIZE"]
@@ -151,9 +152,18 @@ def run_episode(
     """Play one episode; every screen it shows goes into ``screens`` (once).
 
     The agent's exceptions propagate (a bug in the agent is not the environment's fault).
-    ``on_step`` receives each step's ``info`` (for logs and statistics).
+    ``on_step`` receives each step's ``info`` (for logs and statistics). A task whose setup
+    phase fails is an infrastructure truncation without steps, its ``truncation_reason``
+    naming the phase (spec/DARWIN.md A.3); the fleets record it the same way.
     """
-    obs, _ = env.reset(task=task, seed=seed)
+    try:
+        obs, _ = env.reset(task=task, seed=seed)
+    except PhaseFailed as e:
+        return Trajectory(traj_id=traj_id, task=getattr(task, "text", None) or str(task),
+                          steps=(), final_reward=0.0, ending=Ending.INFRA, source=source,
+                          iteration=iteration,
+                          seeds=seeds or ({"env": seed} if seed is not None else {}),
+                          truncation_reason=str(e)[:500])
     rec = EpisodeRecorder(screens, traj_id, obs, source=source, iteration=iteration,
                           horizon=env.horizon, record_size=record_size,
                           seeds=seeds or ({"env": seed} if seed is not None else {}))

@@ -103,7 +103,14 @@ class DigiRLConfig:
     Also: ``"options"`` (AndroidConfig fields for every device, e.g. ``settle_s``) and
     ``"reset"``: ``"home"`` (press Home between episodes, state kept), ``"snapshot"``
     (emulators: load the snapshot) or ``"task"`` (the device's own task set-up, the vendor
-    script ``digirl: setTask`` of served simulated phones)."""
+    script ``digirl: setTask`` of served simulated phones).
+
+    The task lifecycle (spec/DARWIN.md A.3, :mod:`digirl_lite.envs.lifecycle`): ``"setup"``
+    and ``"teardown"``, lists of Appium commands (``{"tap": [x, y]}``, ``{"swipe": [x0, y0,
+    x1, y1]}``, ``{"key": 3}``, ``{"back": true}``, ``{"script": "mobile: startActivity",
+    "args": {...}, "expect": ...}``) sent before and after every episode (a failed setup is
+    an infrastructure truncation), and ``"hard_reset"``: the commands of a hard reset on
+    ``"devices"`` (``hard_reset_every``; emulators hard-reset by loading their snapshot)."""
     image_encoder: str = "sim"
     """"sim" (the simulator's frozen layout encoder) or a local BLIP-2 directory."""
     text_encoder: str = "minilm"
@@ -125,6 +132,14 @@ class DigiRLConfig:
     """Held-out task list; None: the shipped test list of ``world``."""
     horizon: int | None = None
     """Steps per episode; None: the world's (Web Shopping 20, General 10)."""
+    hard_reset_every: int | None = None
+    """Between episodes a phone gets Darwin's minimal reset (the home screen, its state
+    kept) and every ``hard_reset_every``-th episode a hard reset to its saved state
+    (spec/DARWIN.md A.2; 0: never). None: each phone's own default: the simulator 1 (every
+    episode from the saved phone, as the paper's emulators and every run of this project
+    before the lifecycle), Android 0 with ``android.reset`` "home" (the reset it always
+    did). Android needs ``android.reset`` "home" and a hard reset: emulators load their
+    snapshot (fleet "sync" or "async"), devices send ``android.hard_reset``."""
 
     # -- starting policy (the AutoUI role: a copier of people) -----------------------------
     starting_policy: str = "sft"
@@ -379,6 +394,7 @@ class DigiRLConfig:
                 raise ValueError(f"{f} must be positive")
         if self.max_unjudged_steps < 0:
             raise ValueError("max_unjudged_steps must be >= 0 (0: never stop)")
+        self._check_hard_reset()
         if self.day < 1 or not 0 <= self.days_per_iteration < float("inf"):
             raise ValueError(f"day must be >= 1 and days_per_iteration >= 0, got day="
                              f"{self.day}, days_per_iteration={self.days_per_iteration}")
@@ -404,6 +420,29 @@ class DigiRLConfig:
             raise ConfigError(f"{'day' if self.day != 1 else 'days_per_iteration'}: drift "
                               "is the simulated phone's (env='sim'); real phones "
                               f"(env={self.env!r}) change on their own")
+
+    def _check_hard_reset(self) -> None:
+        """``hard_reset_every`` against the phones: a ConfigError naming it before any work."""
+        k = self.hard_reset_every
+        if k is None:
+            return
+        if k < 0:
+            raise ConfigError(f"hard_reset_every must be >= 0 (0: never), got {k}")
+        if self.env != "android" or not k:
+            return
+        a = self.android if isinstance(self.android, dict) else {}
+        reset = a.get("reset", "snapshot" if "emulators" in a else "home")
+        if reset != "home":
+            raise ConfigError(f"hard_reset_every={k}: android.reset {reset!r} resets every "
+                              "episode in full; the periodic hard reset goes with 'home'")
+        if "devices" in a and not a.get("hard_reset"):
+            raise ConfigError(f"hard_reset_every={k}: android.hard_reset is not set (the "
+                              "commands of a hard reset on running devices, e.g. a "
+                              "'mobile: shell' pm clear)")
+        if "emulators" in a and self.fleet in ("process", "ray"):
+            raise ConfigError(f"hard_reset_every={k}: emulators hard-reset by a snapshot "
+                              f"load from this process, which fleet={self.fleet!r} workers "
+                              "cannot reach; use fleet 'sync' or 'async'")
 
     def _check_on_policy(self) -> None:
         """PPO's and GRPO's ratio divides the model's own probability of each recorded token

@@ -282,10 +282,17 @@ class EmulatorManager:
         return [p.pid for p in (*self.emulators.values(), *self.servers.values())]
 
     def env_factory(self, judge: dict | None = None, horizon: int = 20,
-                    minimal_reset: bool = False, **config: Any) -> AndroidEnvFactory:
+                    minimal_reset: bool = False, hard_reset_every: int = 0,
+                    setup: Any = (), teardown: Any = (),
+                    **config: Any) -> AndroidEnvFactory:
         """``slot -> AndroidEnv`` for clone ``slot`` (for a fleet in this process: the
-        snapshot resets call this manager)."""
-        return AndroidEnvFactory(self, judge, horizon, minimal_reset, config)
+        snapshot resets call this manager). ``minimal_reset``: Home between episodes, and
+        with ``hard_reset_every`` > 0 a snapshot load (:meth:`reset`) every that many
+        episodes; ``setup`` / ``teardown``: the lifecycle's commands
+        (:mod:`digirl_lite.envs.lifecycle`)."""
+        return AndroidEnvFactory(self, judge, horizon, minimal_reset, config,
+                                 hard_reset_every=hard_reset_every, setup=setup,
+                                 teardown=teardown)
 
     def __enter__(self) -> EmulatorManager:
         self.start()
@@ -341,14 +348,22 @@ class AndroidEnvFactory:
     """``slot -> AndroidEnv`` on the clones of an :class:`EmulatorManager`."""
 
     def __init__(self, manager: EmulatorManager, judge: dict | None, horizon: int,
-                 minimal_reset: bool, config: dict[str, Any]) -> None:
+                 minimal_reset: bool, config: dict[str, Any], hard_reset_every: int = 0,
+                 setup: Any = (), teardown: Any = ()) -> None:
         self.manager, self.judge, self.horizon = manager, judge, horizon
         self.minimal_reset, self.config = minimal_reset, config
+        self.hard_reset_every, self.setup, self.teardown = hard_reset_every, setup, teardown
 
     def __call__(self, slot: int = 0):
         from digirl_lite.envs.android.env import AndroidEnv
         from digirl_lite.envs.judges import make_judge
 
-        reset: Any = "home" if self.minimal_reset else (lambda: self.manager.reset(slot))
+        def snapshot() -> None:
+            self.manager.reset(slot)
+
+        reset: Any = "home" if self.minimal_reset else snapshot
+        hard = {"hard_reset_every": self.hard_reset_every, "hard_reset": snapshot} \
+            if self.minimal_reset and self.hard_reset_every else {}
         return AndroidEnv(self.manager.android_config(slot, **self.config),
-                          judge=make_judge(self.judge), horizon=self.horizon, reset=reset)
+                          judge=make_judge(self.judge), horizon=self.horizon, reset=reset,
+                          setup=self.setup, teardown=self.teardown, **hard)

@@ -6,11 +6,17 @@ text is a no-op that costs a step. What only a real device does: screenshots can
 blank (retried while more than 93.4% near-white, spec/DIGIRL.md section 4), calls can hang
 (per-call timeouts) and sessions can drop (reconnects). A device that stays unreachable ends
 the episode as an infrastructure truncation, never as an agent failure.
+
+The task lifecycle (spec/DARWIN.md A.3, :mod:`digirl_lite.envs.lifecycle`): Appium commands
+run as a setup before each episode (a failure raises :class:`PhaseFailed`: an
+infrastructure truncation) and as a teardown after it; between episodes the minimal reset
+(Home) with a hard reset every ``hard_reset_every`` episodes.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from digirl_lite.actions import KEYCODE_HOME, parse_action, to_gesture
@@ -22,6 +28,15 @@ from digirl_lite.envs.android.device import (
     DeviceUnavailable,
 )
 from digirl_lite.envs.base import TRUNCATION_BUDGET, TRUNCATION_INFRA, Observation
+from digirl_lite.envs.lifecycle import (
+    SETUP,
+    TEARDOWN,
+    DeviceCommand,
+    PhaseFailed,
+    device_commands,
+    hard_reset_due,
+    run_phase,
+)
 from digirl_lite.envs.sim.oracle import EnvJudge
 from digirl_lite.judge.base import JudgeResult
 from digirl_lite.judge.guards import is_blank
@@ -46,15 +61,44 @@ class AndroidEnv:
             callable ``() -> None`` (e.g. an :class:`EmulatorManager` snapshot reset).
         device: an already-built :class:`AppiumDevice` (tests); else one is connected lazily.
         sleep: ``time.sleep`` (tests pass a no-op).
+        setup: :class:`~digirl_lite.envs.lifecycle.DeviceCommand` s (or their JSON form)
+            sent after the reset, before the first screenshot; the first that fails raises
+            :class:`PhaseFailed` (``"setup"``), an infrastructure failure.
+        teardown: commands sent after an episode that ended on the agent's account (not
+            after an infrastructure fault); a failure is reported in ``info["teardown"]``
+            and makes the next reset hard.
+        hard_reset_every: with ``reset="home"``, a hard reset instead of Home every this
+            many episodes, and on the first (0: never; spec/DARWIN.md A.2).
+        hard_reset: what a hard reset is: a callable ``() -> None`` (an emulator's snapshot
+            load) or commands (e.g. ``mobile: shell`` ``pm clear``); required when
+            ``hard_reset_every`` > 0.
     """
 
     def __init__(self, config: AndroidConfig, judge: Any = None, horizon: int = 20,
                  reset: Any = "home", device: AppiumDevice | None = None,
-                 sleep: Any = time.sleep) -> None:
+                 sleep: Any = time.sleep, setup: Sequence[Any] = (),
+                 teardown: Sequence[Any] = (), hard_reset_every: int = 0,
+                 hard_reset: Any = None) -> None:
         if horizon <= 0:
             raise ValueError(f"horizon must be positive, got {horizon}")
         if reset not in ("home", "task") and not callable(reset):
             raise ValueError("reset must be 'home', 'task' or a callable")
+        if isinstance(hard_reset_every, bool) or not isinstance(hard_reset_every, int) \
+                or hard_reset_every < 0:
+            raise ValueError(f"hard_reset_every must be an int >= 0, got {hard_reset_every!r}")
+        if hard_reset_every and (reset != "home" or not hard_reset):
+            raise ValueError("hard_reset_every needs reset='home' (the other resets are hard "
+                             "every episode) and a hard_reset (a callable or commands)")
+        self.setup: tuple[DeviceCommand, ...] = device_commands(setup, SETUP)
+        self.teardown: tuple[DeviceCommand, ...] = device_commands(teardown, TEARDOWN)
+        self.hard_reset_every = hard_reset_every
+        self._hard_reset = hard_reset if callable(hard_reset) or not hard_reset \
+            else device_commands(hard_reset, "hard_reset")
+        self._since_hard: int | None = None  # episodes since the last hard reset (None: none)
+        self._hard_next = False
+        self.last_reset: str | None = None
+        """How the current episode's device was reset: ``"hard"``, ``"home"``, ``"task"`` or
+        ``"callable"``."""
         self.config, self.judge, self.horizon = config, judge, horizon
         self._reset, self._sleep = reset, sleep
         self.device = device
@@ -86,21 +130,43 @@ class AndroidEnv:
                            self._steps)
 
     def reset(self, task: Any = None, seed: int | None = None):
-        """Start an episode on the home screen. A device that cannot be reached raises
-        :class:`DeviceUnavailable` (a fleet records that as an infrastructure failure)."""
+        """Start an episode: the reset (Home, or a hard reset every ``hard_reset_every``),
+        then the setup commands. A device that cannot be reached raises
+        :class:`DeviceUnavailable`, a setup that fails :class:`PhaseFailed` (a fleet records
+        both as infrastructure failures)."""
         if task is None:
             raise ValueError("AndroidEnv.reset needs a task (an instruction)")
         self.task = getattr(task, "text", None) or str(task)
+        self._done = True  # no step until the reset and the setup have succeeded
         if callable(self._reset):
-            self._reset()
-            if self.device is not None:
-                self.device.quit()  # the session does not survive a snapshot load
+            self._reset_by(self._reset)
+            self.last_reset = "callable"
         elif self._reset == "task" or isinstance(self.judge, EnvJudge):
             # the device's own task set-up (it starts on the launcher); a real phone is not
             # seeded, a served simulated phone takes the episode's seed
             self._device().execute("digirl: setTask", {"task": self.task, "seed": seed})
+            self.last_reset = "task"
         else:
-            self._device().press_keys([KEYCODE_HOME])
+            k = self.hard_reset_every
+            hard = k > 0 and (self._since_hard is None or self._hard_next
+                              or hard_reset_due(self._since_hard, k))
+            self._hard_next = False
+            if hard:
+                if callable(self._hard_reset):
+                    self._reset_by(self._hard_reset)
+                else:
+                    run_phase(self._device(), "hard reset", self._hard_reset)
+            else:
+                self._device().press_keys([KEYCODE_HOME])
+            self._since_hard = 1 if hard else (self._since_hard or 0) + 1
+            self.last_reset = "hard" if hard else "home"
+        if self.setup:
+            try:
+                run_phase(self._device(), SETUP, self.setup)
+            except PhaseFailed:
+                self._hard_next = True
+                raise
+            self._sleep(self.config.settle_s)
         self._steps, self._done, self._last_action_text = 0, False, None
         if self.judge is not None:
             self.judge.reset()
@@ -108,10 +174,29 @@ class AndroidEnv:
         if img is None:
             raise DeviceUnavailable("blank screen after reset")
         self._obs = self._observe(img)
-        return self._obs, {"task": self.task, "horizon": self.horizon}
+        return self._obs, {"task": self.task, "horizon": self.horizon,
+                           "reset": self.last_reset, SETUP: "done" if self.setup else None}
+
+    def _reset_by(self, fn: Any) -> None:
+        fn()
+        if self.device is not None:
+            self.device.quit()  # the session does not survive a snapshot load
+
+    def _teardown(self, info: dict[str, Any]) -> None:
+        """The teardown commands after an episode that ended on the agent's account;
+        ``info["teardown"]``: ``"done"`` or why it failed (the next reset is then hard)."""
+        if not self.teardown:
+            return
+        try:
+            run_phase(self._device(), TEARDOWN, self.teardown)
+        except PhaseFailed as e:
+            self._hard_next = True
+            info[TEARDOWN] = f"failed: {e}"[:500]
+            return
+        info[TEARDOWN] = "done"
 
     def _infra(self, info: dict, reason: str):
-        self._done = True
+        self._done = self._hard_next = True
         info.update(truncation=TRUNCATION_INFRA, verdict=None, success=False, reason=reason)
         return self._obs, 0.0, False, True, info
 
@@ -150,6 +235,8 @@ class AndroidEnv:
             info.update(truncation=TRUNCATION_BUDGET,
                         reason=f"step budget H = {self.horizon} ran out")
         self._done = terminated or truncated
+        if self._done:
+            self._teardown(info)
         info.update(success=result.verdict is Verdict.SUCCESS, verdict=result.verdict,
                     judge_reply=result.reply, judge_skipped=result.skipped,
                     timings={"env_s": t_env, "judge_s": result.latency_s})

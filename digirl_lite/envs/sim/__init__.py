@@ -4,11 +4,19 @@ and its oracle judges."""
 from digirl_lite.envs.sim.agents import Copier, ScriptedExpert, expert_action
 from digirl_lite.envs.sim.env import Faults, SimEnvFactory, SimPhoneEnv
 from digirl_lite.envs.sim.oracle import EnvJudge, NoisyOracleJudge, OracleJudge
-from digirl_lite.envs.sim.tasks import Task, UnsupportedTaskError, load_tasks, parse_task
+from digirl_lite.envs.sim.tasks import (
+    SimPhase,
+    Task,
+    UnsupportedTaskError,
+    load_tasks,
+    parse_task,
+    task_with_phases,
+)
 from digirl_lite.envs.sim.world import PhoneState, Surprises
 
 __all__ = [
     "Copier", "ScriptedExpert", "expert_action", "Faults", "SimEnvFactory", "SimPhoneEnv", "Task",
-    "UnsupportedTaskError", "load_tasks", "parse_task", "PhoneState", "Surprises",
+    "UnsupportedTaskError", "load_tasks", "parse_task", "SimPhase", "task_with_phases",
+    "PhoneState", "Surprises",
     "OracleJudge", "EnvJudge", "NoisyOracleJudge",
 ]

@@ -15,6 +15,7 @@ from PIL import Image
 from digirl_lite.actions import Action, Gesture, format_action, parse_action, to_gesture
 from digirl_lite.data.records import Verdict
 from digirl_lite.envs.base import TRUNCATION_BUDGET, TRUNCATION_INFRA, Observation
+from digirl_lite.envs.lifecycle import SETUP, TEARDOWN, PhaseFailed, hard_reset_due
 from digirl_lite.envs.sim.oracle import OracleJudge
 from digirl_lite.envs.sim.render import Renderer, blank_screen, screen_key
 from digirl_lite.envs.sim.tasks import Task, UnsupportedTaskError, load_tasks, parse_task
@@ -23,8 +24,11 @@ from digirl_lite.envs.sim.world import (
     WIDTH,
     PhoneState,
     Surprises,
+    apply_phase,
     initial_state,
     is_success,
+    minimal_reset,
+    phase_reached,
     surprises_between,
     transition,
 )
@@ -54,6 +58,11 @@ class Faults:
         blank_retries: retries of a blank capture (5 in the reference code).
         latency_median_s: median of a log-normal per-step latency (0: none).
         latency_sigma: log-normal sigma of that latency.
+        setup_failure: per-episode probability that a task's setup phase fails (the phone
+            did not reach its start state, as an app that would not launch): the reset
+            raises :class:`~digirl_lite.envs.lifecycle.PhaseFailed`.
+        teardown_failure: per-episode probability that a task's teardown phase fails (the
+            phone is left as the agent left it; the next reset is a hard one).
     """
 
     crash: float = 0.0
@@ -61,9 +70,11 @@ class Faults:
     blank_retries: int = 5
     latency_median_s: float = 0.0
     latency_sigma: float = 0.5
+    setup_failure: float = 0.0
+    teardown_failure: float = 0.0
 
     def __post_init__(self) -> None:
-        for name in ("crash", "blank_screenshot"):
+        for name in ("crash", "blank_screenshot", "setup_failure", "teardown_failure"):
             p = getattr(self, name)
             if not 0.0 <= p <= 1.0:
                 raise ValueError(f"Faults.{name} must be a probability, got {p}")
@@ -102,6 +113,12 @@ class SimPhoneEnv:
             memory, which matters in a fleet: 16 phones x 32 screens held 3.8 GB.
         skip_unsupported: drop the instructions of a task file that the simulator cannot
             model (e.g. the AitW General list's "Install ..." lines) instead of raising.
+        hard_reset_every: between episodes the phone gets Darwin's minimal reset (the home
+            screen, the sites seen kept: their cookie banners stay answered) and every
+            ``hard_reset_every``-th episode a hard reset to the saved phone
+            (spec/DARWIN.md A.2; 0: never). 1 (default): every episode starts from the
+            saved phone, as the paper's emulators did (spec section 1) and every run of
+            this project before the lifecycle.
     """
 
     def __init__(
@@ -117,9 +134,18 @@ class SimPhoneEnv:
         height: int = HEIGHT,
         render_cache: int = 8,
         skip_unsupported: bool = False,
+        hard_reset_every: int = 1,
     ) -> None:
         if horizon is not None and horizon <= 0:
             raise ValueError(f"horizon must be positive, got {horizon}")
+        if isinstance(hard_reset_every, bool) or not isinstance(hard_reset_every, int) \
+                or hard_reset_every < 0:
+            raise ValueError(f"hard_reset_every must be an int >= 0, got {hard_reset_every!r}")
+        self.hard_reset_every = hard_reset_every
+        self._since_hard = 0  # episodes since the last hard reset, this one included
+        self.last_reset: str | None = None
+        """``"hard"`` or ``"minimal"``: how the current episode's phone was reset."""
+        self._hard_next = False
         self.tasks = self._load_task_list(tasks, skip_unsupported)
         self._fixed_horizon = horizon
         self.day = day
@@ -164,7 +190,12 @@ class SimPhoneEnv:
     # -- episode ------------------------------------------------------------------------
     def reset(self, task: str | Task | None = None, seed: int | None = None,
               options: dict[str, Any] | None = None):
-        """Start an episode on the launcher. Returns ``(obs, info)``.
+        """Start an episode: the phone reset (minimal, or hard every ``hard_reset_every``),
+        then the task's setup phase, if any. Returns ``(obs, info)``.
+
+        Raises:
+            PhaseFailed: the setup failed (an infrastructure failure, never the agent's:
+                fleets record an INFRA truncation naming the phase).
 
         ``options`` (as gymnasium's reset options): ``{"day": d}`` moves the phone to drift
         day ``d`` from this episode on, so a fleet's phones follow a run's calendar without
@@ -185,20 +216,56 @@ class SimPhoneEnv:
         obs, _ = self._observe()
         self._obs = obs
         return obs, {"task": self.task.text, "success": is_success(self.state, self.task),
-                     "horizon": self.horizon}
+                     "horizon": self.horizon, "reset": self.last_reset,
+                     SETUP: "done" if self.task.setup is not None else None}
 
     def load_task(self, task: str | Task | None = None, seed: int | None = None) -> Task:
-        """Reseed (when ``seed`` is given), pick ``task`` (None: drawn from ``tasks``) and put
-        the phone on the launcher of ``day``: the phone's part of :meth:`reset`, which the
-        served phone's ``digirl: setTask`` shares (:mod:`digirl_lite.envs.sim.serve`)."""
+        """Reseed (when ``seed`` is given), pick ``task`` (None: drawn from ``tasks``), reset
+        the phone to the launcher of ``day`` (hard or minimal, :attr:`last_reset`) and run
+        the task's setup: the phone's part of :meth:`reset`, which the served phone's
+        ``digirl: setTask`` shares (:mod:`digirl_lite.envs.sim.serve`).
+
+        Raises:
+            PhaseFailed: the setup failed (``Faults.setup_failure``, or a phase that did
+                not put the phone where it says).
+        """
         if seed is not None:
             self.rng = np.random.default_rng(seed)
         if task is None:
             task = self.tasks[int(self.rng.integers(len(self.tasks)))]
         self.task = task if isinstance(task, Task) else parse_task(task)
         self.horizon = self._fixed_horizon or self.task.horizon
-        self.state = initial_state(self.day)
+        hard = self.state is None or self._hard_next \
+            or hard_reset_due(self._since_hard, self.hard_reset_every)
+        self.state = initial_state(self.day) if hard else minimal_reset(self.state, self.day)
+        self._since_hard = 1 if hard else self._since_hard + 1
+        self.last_reset, self._hard_next = ("hard" if hard else "minimal"), False
+        setup = self.task.setup
+        if setup is not None:
+            self._done = True  # no step until a setup has succeeded
+            if self.faults.setup_failure > 0 and self.rng.random() < self.faults.setup_failure:
+                self._hard_next = True
+                raise PhaseFailed(SETUP, f"simulated fault: the phone did not reach {setup} "
+                                         f"for {self.task.text!r}")
+            self.state = apply_phase(self.state, setup)
+            if not phase_reached(self.state, setup):  # pragma: no cover - a world bug
+                self._hard_next = True
+                raise PhaseFailed(SETUP, f"the phone is not where {setup} puts it")
         return self.task
+
+    def _teardown(self, info: dict[str, Any]) -> None:
+        """After an execution that ended on the agent's account: the task's teardown, if
+        any (``info["teardown"]``: ``"done"`` or why it failed; a failure makes the next
+        reset hard). The observation the agent ended on stays the episode's last."""
+        teardown = self.task.teardown
+        if teardown is None:
+            return
+        if self.faults.teardown_failure > 0 and self.rng.random() < self.faults.teardown_failure:
+            self._hard_next = True
+            info[TEARDOWN] = f"failed: simulated fault: the phone did not reach {teardown}"
+            return
+        self.state = apply_phase(self.state, teardown)
+        info[TEARDOWN] = "done"
 
     def apply_gesture(self, gesture: Gesture) -> list[str] | None:
         """Do ``gesture`` on the phone with a step's random draws in their order: the crash
@@ -257,7 +324,7 @@ class SimPhoneEnv:
         prev_obs = self._obs
         surprises = self.apply_gesture(to_gesture(action, WIDTH, HEIGHT))
         if surprises is None:
-            self._done = True
+            self._done = self._hard_next = True  # teardown skipped: the device is gone
             info.update(truncation=TRUNCATION_INFRA, verdict=None, success=False,
                         reason=f"simulated device crash at step {self._steps}: the device "
                                f"stopped answering")
@@ -272,7 +339,7 @@ class SimPhoneEnv:
         info["blank_captures"] = blanks
         self._obs = obs
         if obs.screen_id == BLANK_CAPTURE:
-            self._done = True
+            self._done = self._hard_next = True
             info.update(truncation=TRUNCATION_INFRA, verdict=None, success=False,
                         reason=f"blank screenshot at step {self._steps} after "
                                f"{self.faults.blank_retries} retries")
@@ -287,6 +354,8 @@ class SimPhoneEnv:
             info["truncation"] = TRUNCATION_BUDGET
             info["reason"] = f"step budget H = {self.horizon} ran out"
         self._done = terminated or truncated
+        if self._done:
+            self._teardown(info)
         info.update(success=success, verdict=result.verdict, judge_reply=result.reply,
                     judge_skipped=result.skipped,
                     timings={"env_s": t_env, "judge_s": result.latency_s})

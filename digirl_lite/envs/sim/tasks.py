@@ -15,21 +15,25 @@ file (one instruction per line, the layout of the reference code's ``*_tasks.txt
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from digirl_lite.envs.sim.catalog import APPS, SITES, app_from_name, site_from_domain
 
 __all__ = [
     "UnsupportedTaskError",
+    "SimPhase",
     "Task",
     "KINDS",
     "parse_task",
     "normalize_query",
     "load_task_file",
     "load_tasks",
+    "task_with_phases",
 ]
 
 KINDS = ("webshop", "search", "open_app")
@@ -41,6 +45,73 @@ GENERAL_HORIZON = 10
 
 class UnsupportedTaskError(ValueError):
     """A well-formed instruction the simulator does not model; the message says what."""
+
+
+N_RESULTS = 8  # rows of a results list (world.N_RESULTS; world imports this module)
+
+
+@dataclass(frozen=True)
+class SimPhase:
+    """A declarative setup or teardown of the simulated phone (spec/DARWIN.md A.3): where
+    the phone is put, directly, without gestures or surprises
+    (:func:`digirl_lite.envs.sim.world.apply_phase`).
+
+    All fields optional; an empty phase leaves the phone where it is.
+
+    Attributes:
+        app: open this app (a key of ``catalog.APPS``; ``"chrome"``: Google's home page).
+        site: open this shop's home page in Chrome (its cookie banner already answered).
+        query: with ``site``, that shop's results for ``query``; without, Google's results.
+        item: with ``site`` and ``query``, the product page of that result row (0-based).
+        typed: text typed into the page's search box, the keyboard open, not submitted.
+        forget_sites: clear the sites seen (their cookie banners show again), as clearing
+            Chrome's data does; applied first.
+        home: go to the home screen (state kept), before the rest.
+    """
+
+    app: str | None = None
+    site: str | None = None
+    query: str | None = None
+    item: int | None = None
+    typed: str | None = None
+    forget_sites: bool = False
+    home: bool = False
+
+    def __post_init__(self) -> None:
+        if self.app is not None and self.app not in APPS:
+            raise ValueError(f"SimPhase.app {self.app!r} is not a key of catalog.APPS")
+        if self.site is not None and self.site not in SITES:
+            raise ValueError(f"SimPhase.site {self.site!r} is not a key of catalog.SITES")
+        if self.app is not None and (self.site or self.query):
+            raise ValueError("SimPhase: an app, or a site / a Google query, not both")
+        if self.query is not None and not self.query.strip():
+            raise ValueError("SimPhase.query is empty")
+        if self.item is not None and (self.site is None or self.query is None
+                                      or not 0 <= self.item < N_RESULTS):
+            raise ValueError(f"SimPhase.item {self.item!r}: a result row in 0..{N_RESULTS - 1}"
+                             f" of a shop's results (needs site and query)")
+        if self.typed is not None and (self.item is not None or not (
+                self.site or self.query or self.app == "chrome")):
+            raise ValueError("SimPhase.typed needs a page with a search box (chrome, a site "
+                             "or results)")
+
+    @property
+    def moves(self) -> bool:
+        """Whether this phase puts the phone on a page (else it only resets or forgets)."""
+        return bool(self.app or self.site or self.query)
+
+    @classmethod
+    def from_dict(cls, d: Any, where: str = "phase") -> SimPhase:
+        if isinstance(d, SimPhase):
+            return d
+        if not isinstance(d, dict):
+            raise ValueError(f"{where}: a JSON object of SimPhase fields, got {d!r}")
+        try:
+            return cls(**d)
+        except TypeError as e:
+            raise ValueError(f"{where}: {e}") from None
+        except ValueError as e:
+            raise ValueError(f"{where}: {e}") from None
 
 
 @dataclass(frozen=True)
@@ -56,6 +127,9 @@ class Task:
         query: Web Shopping (level >= 2): the product as written, quotes stripped; search: the
             text to type into Google; None otherwise.
         app: ``open_app``: a key of ``catalog.APPS``; None otherwise.
+        setup: where the phone is put before the agent's first observation (None: the
+            home screen); :mod:`digirl_lite.envs.lifecycle`.
+        teardown: applied after the episode (None: nothing).
     """
 
     text: str
@@ -64,6 +138,8 @@ class Task:
     site: str | None = None
     query: str | None = None
     app: str | None = None
+    setup: SimPhase | None = None
+    teardown: SimPhase | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -329,15 +405,44 @@ def _numbered_lines(path: str | Path) -> Iterator[tuple[int, str]]:
 
 
 def load_task_file(path: str | Path) -> list[str]:
-    """Instructions of a task file: one per line, blank lines and ``#`` comments skipped."""
-    return [s for _, s in _numbered_lines(path)]
+    """Instructions of a task file: one per line, blank lines and ``#`` comments skipped.
+
+    Raises:
+        ValueError: a line holds a task with phases (a JSON object): those are the
+            simulator's (:func:`load_tasks`); a device's phases come from the config.
+    """
+    out = []
+    for lineno, s in _numbered_lines(path):
+        if s.startswith("{"):
+            raise ValueError(f"{path}:{lineno}: a task with setup/teardown phases (a JSON "
+                             "line) is the simulator's; a device's phases are android.setup "
+                             "and android.teardown in the config")
+        out.append(s)
+    return out
+
+
+def task_with_phases(d: Any) -> Task:
+    """A task with phases from its JSON form ``{"task": instruction, "setup": {...},
+    "teardown": {...}}`` (the phases: :class:`SimPhase` fields)."""
+    if not isinstance(d, dict) or not isinstance(d.get("task"), str):
+        raise ValueError(f"a task with phases is a JSON object with a 'task' instruction, "
+                         f"got {d!r}")
+    unknown = sorted(set(d) - {"task", "setup", "teardown"})
+    if unknown:
+        raise ValueError(f"unknown keys {unknown} (a task with phases has 'task', 'setup', "
+                         "'teardown')")
+    return replace(parse_task(d["task"]),
+                   setup=SimPhase.from_dict(d["setup"], "setup") if d.get("setup") else None,
+                   teardown=SimPhase.from_dict(d["teardown"], "teardown")
+                   if d.get("teardown") else None)
 
 
 def load_tasks(path: str | Path, skip_unsupported: bool = False) -> list[Task]:
     """Parse every instruction of a task file.
 
     Args:
-        path: a UTF-8 text file, one instruction per line (see :func:`load_task_file`).
+        path: a UTF-8 text file, one instruction per line (see :func:`load_task_file`),
+            or a JSON object per line for a task with phases (:func:`task_with_phases`).
         skip_unsupported: drop lines that raise :class:`UnsupportedTaskError` (other errors
             still raise).
 
@@ -348,7 +453,8 @@ def load_tasks(path: str | Path, skip_unsupported: bool = False) -> list[Task]:
     tasks = []
     for lineno, s in _numbered_lines(path):
         try:
-            tasks.append(parse_task(s))
+            tasks.append(task_with_phases(_json_line(s)) if s.startswith("{")
+                         else parse_task(s))
         except UnsupportedTaskError as e:
             if skip_unsupported:
                 continue
@@ -356,3 +462,11 @@ def load_tasks(path: str | Path, skip_unsupported: bool = False) -> list[Task]:
         except ValueError as e:
             raise ValueError(f"{path}:{lineno}: {e}") from e
     return tasks
+
+
+def _json_line(s: str) -> Any:
+    try:
+        return json.loads(s)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"a line starting with '{{' is a task with phases in JSON: {e}") \
+            from None

@@ -24,13 +24,15 @@ import numpy as np
 
 from digirl_lite.actions import KEYCODE_ENTER, KEYCODE_HOME, Gesture
 from digirl_lite.envs.sim.catalog import APPS, SITES, site_from_domain
+from digirl_lite.envs.sim.tasks import N_RESULTS, SimPhase
 
 if TYPE_CHECKING:  # pragma: no cover
     from digirl_lite.envs.sim.tasks import Task
 
 __all__ = [
     "WIDTH", "HEIGHT", "Surprises", "Page", "PhoneState", "Element",
-    "initial_state", "layout", "hit_test", "transition", "is_success", "results_for",
+    "initial_state", "minimal_reset", "apply_phase", "phase_reached", "layout", "hit_test",
+    "transition", "is_success", "results_for",
     "surprises_between", "find",
     "N_RESULTS",
 ]
@@ -39,7 +41,6 @@ WIDTH, HEIGHT = 1080, 2280
 STATUS_H = 80
 CONTENT_TOP = 240  # below Chrome's address bar
 KEYBOARD_TOP = 1480
-N_RESULTS = 8
 RESULT_H = 300
 SCROLLABLE = ("google_results", "shop_results")
 
@@ -150,6 +151,59 @@ def initial_state(day: int = 1) -> PhoneState:
     if day < 1:
         raise ValueError(f"day starts at 1, got {day}")
     return PhoneState(day=day)
+
+
+def minimal_reset(state: PhoneState, day: int | None = None) -> PhoneState:
+    """Darwin's minimal reset (spec/DARWIN.md A.2): the home screen, as HOME leaves it, with
+    the state that persists kept (the sites seen: their cookie banners stay answered);
+    ``day`` moves the phone to another drift day. :func:`initial_state` is the hard reset."""
+    if day is not None and day < 1:
+        raise ValueError(f"day starts at 1, got {day}")
+    return PhoneState(day=state.day if day is None else day, sites_seen=state.sites_seen)
+
+
+def apply_phase(state: PhoneState, phase: SimPhase) -> PhoneState:
+    """``state`` after the declarative ``phase`` (a task's setup or teardown): no gestures,
+    no surprises; the page it opens has the launcher behind it (BACK returns there)."""
+    seen = () if phase.forget_sites else state.sites_seen
+    if phase.home:
+        state = minimal_reset(state)
+    state = replace(state, sites_seen=seen)
+    if not phase.moves:
+        return state
+    if phase.app is not None:
+        page = Page("chrome", "google_home") if phase.app == "chrome" else \
+            Page(phase.app, "app_home")
+    elif phase.site is None:
+        page = Page("chrome", "google_results", query=phase.query)
+    elif phase.query is None:
+        page = Page("chrome", "shop_home", site=phase.site)
+    else:
+        order = tuple(range(N_RESULTS))
+        page = Page("chrome", "shop_results", site=phase.site, query=phase.query, order=order)
+        if phase.item is not None:
+            page = replace(page, kind="shop_product", item=order[phase.item])
+    if phase.site and phase.site not in seen:
+        seen = seen + (phase.site,)
+    focus = "search_box" if phase.typed is not None else None
+    return PhoneState(page=page, history=(Page(),), focus=focus, typed=phase.typed or "",
+                      day=state.day, sites_seen=seen)
+
+
+def phase_reached(state: PhoneState, phase: SimPhase) -> bool:
+    """The phase's success check: the phone is where ``phase`` puts it."""
+    if phase.forget_sites and set(state.sites_seen) - ({phase.site} - {None}):
+        return False
+    if not phase.moves:
+        return not phase.home or state.page.kind == "launcher"
+    p = state.page
+    if phase.app is not None:
+        ok = p.app == phase.app and p.kind in ("google_home", "app_home")
+    else:
+        ok = p.site == phase.site and p.query == phase.query and p.item == phase.item
+    if phase.typed is not None:
+        ok = ok and state.focus == "search_box" and state.typed == phase.typed
+    return ok and state.overlay is None and not state.loading
 
 
 # ---------------------------------------------------------------------------------------
@@ -562,7 +616,7 @@ def transition(
     """
     sur = surprises or Surprises()
     if gesture.kind == "key" and gesture.keycode == KEYCODE_HOME:
-        return PhoneState(day=state.day, sites_seen=state.sites_seen)
+        return minimal_reset(state)
     if state.loading:
         return replace(state, loading=False)
     if gesture.kind == "tap":
