@@ -595,3 +595,28 @@ def test_sim_surprises_reach_every_phone_of_a_run_and_key_its_pile(tmp_path):
     keys = {Trainer(c, tmp_path / str(i), cache_dir=None, progress=False).pile_key()
             for i, c in enumerate((sim_quick(), cfg, sim_quick(sim_surprises={})))}
     assert len(keys) == 2
+
+
+def test_sim_faults_reach_every_phone_of_a_run_and_key_its_pile(tmp_path):
+    """``sim_faults``: the simulator's infrastructure faults by config (checked by name and
+    value before anything runs), given to the run's phones and part of the pile's key."""
+    from digirl_lite.envs.setup import make_phones
+    from digirl_lite.envs.sim.env import Faults
+    from digirl_lite.errors import ConfigError
+    from digirl_lite.train.config import DigiRLConfig, sim_quick
+    from digirl_lite.train.trainer import Trainer
+
+    for bad, msg in (({"latency": 0.3}, "sim_faults: unknown fault 'latency'"),
+                     ({"crash": 1.5}, "sim_faults: Faults.crash must be a probability"),
+                     ({"latency_median_s": -1.0}, "sim_faults: .*non-negative")):
+        with pytest.raises(ConfigError, match=msg):
+            DigiRLConfig(sim_faults=bad)
+    with pytest.raises(ConfigError, match="^sim_faults: the simulated phone's"):
+        DigiRLConfig(env="android", sim_faults={"crash": 0.1})
+    cfg = sim_quick(sim_faults={"latency_median_s": 0.01, "latency_sigma": 0.8})
+    env = make_phones(cfg, seed=0).make_env(0)
+    assert env.faults == Faults(latency_median_s=0.01, latency_sigma=0.8)
+    assert make_phones(sim_quick(), seed=0).make_env(0).faults == Faults()
+    keys = {Trainer(c, tmp_path / str(i), cache_dir=None, progress=False).pile_key()
+            for i, c in enumerate((sim_quick(), cfg, sim_quick(sim_faults={})))}
+    assert len(keys) == 2

@@ -235,6 +235,8 @@ def make_phones(cfg: Any, seed: int, probe: bool = True) -> Phones:
             kw["hard_reset_every"] = cfg.hard_reset_every
         if cfg.sim_surprises:
             kw["surprises"] = {**dataclasses.asdict(Surprises()), **cfg.sim_surprises}
+        if cfg.sim_faults:
+            kw["faults"] = dict(cfg.sim_faults)
         make = SimEnvFactory(judge=cfg.judge, seed=seed, tasks=cfg.task_file or cfg.world, **kw)
         return Phones(make, cfg.n_envs, train, test, "sim")
     plan = android_plan(cfg.android)

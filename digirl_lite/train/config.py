@@ -328,6 +328,14 @@ class DigiRLConfig:
     ``{"sponsored": 0.3}``: sponsored rows above shop results, the detours issue 16's item 6
     adds to the world (off by default). Simulator only."""
 
+    sim_faults: dict[str, float] = field(default_factory=dict)
+    """The simulated phone's infrastructure faults (:class:`digirl_lite.envs.sim.env.Faults`,
+    all off by default) by name, for every phone of the run, e.g.
+    ``{"latency_median_s": 0.25, "latency_sigma": 0.8}``: a log-normal time per step, the
+    paper's emulators scaled down (``benchmarks/learner_throughput.py``), or
+    ``{"crash": 0.01}``: devices that stop answering (infrastructure truncations).
+    Simulator only."""
+
     def __post_init__(self) -> None:
         _check_types(self)
         if self.world not in ("webshop", "general"):
@@ -416,6 +424,21 @@ class DigiRLConfig:
                                       f"has {', '.join(names)})")
                 if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= 1:
                     raise ConfigError(f"sim_surprises.{k}: a probability in [0, 1], got {v!r}")
+        if self.sim_faults:
+            if self.env != "sim":
+                raise ConfigError(f"sim_faults: the simulated phone's (env='sim'), not "
+                                  f"env={self.env!r}'s")
+            from digirl_lite.envs.sim.env import Faults
+
+            names = [f.name for f in fields(Faults)]
+            for k in self.sim_faults:
+                if k not in names:
+                    raise ConfigError(f"sim_faults: unknown fault {k!r} (the simulator has "
+                                      f"{', '.join(names)})")
+            try:
+                Faults(**self.sim_faults)
+            except (TypeError, ValueError) as e:
+                raise ConfigError(f"sim_faults: {e}") from None
         if self.env != "sim" and (self.day != 1 or self.days_per_iteration):
             raise ConfigError(f"{'day' if self.day != 1 else 'days_per_iteration'}: drift "
                               "is the simulated phone's (env='sim'); real phones "

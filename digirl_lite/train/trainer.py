@@ -418,6 +418,7 @@ class Trainer:
         devices = () if c.env == "sim" else (c.env, c.android)  # sim keys as before
         devices += () if c.day == 1 else (("day", c.day),)  # day 1 keys as before
         devices += (("surprises", sorted(c.sim_surprises.items())),) if c.sim_surprises else ()
+        devices += (("faults", sorted(c.sim_faults.items())),) if c.sim_faults else ()
         return self._cache_key("pile-v3", c.world, c.seed, c.pile_size, c.judge, c.temperature,
                                c.constrained_decoding, c.max_new_tokens, c.horizon, c.task_file,
                                policy_id, *devices)
