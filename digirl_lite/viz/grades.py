@@ -395,15 +395,11 @@ class OnPolicyGrader:
         _fill_features(trajs, screens, self.image_encoder)
         rows = on_policy_rows(trajs, self.policy, screens, algorithm=self.algorithm,
                               gamma=self.gamma, lam=self.lam)
-        by_step = {id(s): t for t in trajs for s in t.steps}
-        grouped: dict[str, list[Any]] = {}
-        for r in rows:
-            grouped.setdefault(by_step[id(r.step)].traj_id, []).append(r)
-        out = {}
-        for t in trajs:
-            rs = grouped.get(t.traj_id)
-            if not rs:
-                continue
+        out, k = {}, 0
+        for t in trajs:  # the rows: those of the trajectories kept, in order, a step each
+            if k >= len(rows) or rows[k].step is not t.steps[0]:
+                continue  # left out by the learner (unjudged; GRPO: infrastructure cut)
+            rs, k = rows[k:k + len(t.steps)], k + len(t.steps)
             out[t.traj_id] = OnPolicyGrade(
                 traj_id=t.traj_id, algorithm=self.algorithm, reward=float(t.final_reward),
                 step_lengths=tuple(len(r.token_ids) for r in rs),
