@@ -7,7 +7,9 @@ trajectory as a filmstrip with its grades (issue 8).
 The report is a folder: ``index.html`` plus the images it links (``img/``, the curves), all
 by relative paths, so it opens from disk in any browser with no server and can be copied as
 a whole. Grades (both critics' values, Eq. 4.4 and Eq. 4.3, what the filters would keep) come
-from the run's newest checkpoint when it has one (:class:`digirl_lite.viz.Grader`).
+from the run's newest checkpoint when it has one (:class:`digirl_lite.viz.Grader`); for a PPO
+run, the value head's value, the GAE advantage and the recorded log-probability of every step
+instead, and GRPO's group advantage per trajectory (:class:`digirl_lite.viz.OnPolicyGrader`).
 """
 
 from __future__ import annotations
@@ -88,6 +90,25 @@ def _summary_table(rows: list[dict[str, Any]]) -> str:
     return f'<table class="dl-sum">{head}{"".join(body)}</table>'
 
 
+def _on_policy_note(grader: Any, run: Any) -> str:
+    """What the numbers of a PPO or GRPO run's cards mean."""
+    e = html.escape
+    src = f"checkpoint <code>{e(str(run.latest_checkpoint()))}</code>"
+    if grader.algorithm == "ppo":
+        return (f"PPO values and advantages from {src}, as the learner computes them: V = the "
+                "value head's value at the step's first action token (the state the action was "
+                "taken in); A = the mean over the step's tokens of the token-level GAE "
+                f"advantage (&gamma; = {grader.gamma:g}, &lambda; = {grader.lam:g}, terminal "
+                "value 0); logp = the log-probability of the action recorded when it was "
+                "sampled (the sum over its tokens); in each header R = the final reward, "
+                "V<sub>start</sub> = V of the first step. PPO filters nothing (no kept or "
+                "dropped). Evaluation episodes are never trained on.")
+    return (f"GRPO from {src}: GRPO has no value head, so no per-step values. A = the "
+            "trajectory's reward standardised within its group (this stage's trajectories of "
+            "the same task), given to every token; evaluation draws each task once, so a "
+            "group of one has A = 0. logp = the recorded log-probability of the action.")
+
+
 def build_report(run_dir: str | os.PathLike[str], out: str | os.PathLike[str] | None = None,
                  *, stages: list[str] | None = None, max_per_stage: int | None = None,
                  thumb_width: int = 180, grades: bool = True, grader: Any = None,
@@ -123,7 +144,8 @@ def build_report(run_dir: str | os.PathLike[str], out: str | os.PathLike[str] | 
     parts = [f"<h1>Run {e(run.name)}</h1>"]
     meta = [f"{k}={cfg[k]}" for k in ("algorithm", "world", "seed", "iterations",
                                       "rollouts_per_iteration", "eval_tasks", "step_filter",
-                                      "lam", "top_p") if k in cfg]
+                                      "lam", "top_p", "ppo_gamma", "ppo_lam")
+            if k in cfg and (not k.startswith("ppo_") or cfg.get("algorithm") == "ppo")]
     if cfg.get("judge"):
         meta.append(f"judge={cfg['judge'].get('judge', cfg['judge'])}")
     parts.append(f'<p class="dl-meta">{e(", ".join(meta))}<br>folder: '
@@ -158,7 +180,9 @@ def build_report(run_dir: str | os.PathLike[str], out: str | os.PathLike[str] | 
             grader = Grader.from_run(run)
         except FileNotFoundError as err:
             note = f"Not graded: {err}."
-    if grader is not None:
+    if grader is not None and getattr(grader, "algorithm", None) in ("ppo", "grpo"):
+        note = _on_policy_note(grader, run)
+    elif grader is not None:
         rule = ("Filtered BC: a trajectory is kept when it succeeded, with every valid step"
                 if grader.algorithm == "filtered_bc" else
                 f"DigiRL: a trajectory is kept when its A<sub>instr</sub> is in the top "

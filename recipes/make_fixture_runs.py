@@ -17,6 +17,14 @@ seed 0) also keeps eval/<stage>/ (every evaluation episode, with screen features
 checkpoint's critics (``checkpoints/iter-NNNN/state.pt`` with ``step_critic`` and
 ``instr_critic`` only; hidden width 32 instead of 256 to stay small); the policy, optimiser
 states and the training store are dropped (megabytes; nothing here reads them).
+
+``ppo-seed0`` is a PPO run (issue 17) of a *tiny* policy (:data:`TINY_POLICY`, 1.2 MB saved;
+the simulator's is 10 MB), acted for by the same stand-ins; each stand-in string carries the
+tiny policy's token ids and teacher-forced log-probabilities, as if the policy had sampled it,
+so the PPO learner trains on every step. It keeps eval/offline/ and eval/online/ (4 tasks
+each) and its last checkpoint's policy (with the value head: the report's per-step values and
+advantages), nothing else.
+Regenerate it alone with ``--only ppo-seed0`` (the other runs are left as they are).
 """
 
 from __future__ import annotations
@@ -34,6 +42,13 @@ RUNS = (("digirl", 0, True), ("digirl", 1, False), ("filtered_bc", 0, False),
 """(algorithm, seed, keep trajectories and critics)."""
 SKILL_STEP = {"digirl": 0.2, "filtered_bc": 0.1}
 """How much the stand-in's skill grows per evaluation done (made up, see the docstring)."""
+PPO_RUN = ("ppo", 0)
+"""(algorithm, seed) of the PPO fixture run (see :func:`make_ppo_run`)."""
+TINY_POLICY = {"d_model": 16, "d_kv": 8, "d_ff": 32, "num_layers": 1, "num_decoder_layers": 1,
+               "num_heads": 2}
+"""The PPO fixture's policy: :meth:`AutoUIPolicy.sim_preset` with these overrides."""
+PPO_EVAL_DROPPED = ("copier", "online-1")
+"""Evaluation stores the PPO fixture drops (screens are most of its size)."""
 CRITIC_HIDDEN = 16
 """The fixture's step critic width (the Trainer's is 256: 3.4 MB of weights)."""
 
@@ -112,14 +127,111 @@ def make_run(out: Path, algorithm: str, seed: int, keep: bool) -> dict:
     return {s: round(r["success_rate"], 3) for s, r in summary["stages"].items()}
 
 
+class ScoredStandIns:
+    """:class:`StandIn` strings (one per phone) carrying ``policy``'s token ids and their
+    teacher-forced log-probabilities, as :meth:`AutoUIPolicy.sample` records a draw, so an
+    on-policy learner has a ratio for every step."""
+
+    def __init__(self, policy, features, screens, skill: float, base: int) -> None:
+        from digirl_lite.rollout.fleet import ScriptedBatchAgent
+        from digirl_lite.train.trainer import PolicyBatchAgent
+
+        self.policy = policy
+        self.inner = ScriptedBatchAgent(lambda slot: StandIn(skill, 0.04, base + slot))
+        self.features = PolicyBatchAgent(policy, features, screens)  # features, cached
+        self.seconds, self.calls = 0.0, 0  # what the Trainer reads of a PolicyBatchAgent
+
+    def act_batch(self, slots, observations):
+        import torch
+
+        from digirl_lite.data.records import screen_id_of_image
+        from digirl_lite.rollout.episode import SampledAction
+        from digirl_lite.train.on_policy import text_token_ids
+
+        t0 = time.perf_counter()
+        texts = self.inner.act_batch(slots, observations)
+        feats = self.features.features_of([o.screen_id or screen_id_of_image(o.screenshot)
+                                           for o in observations])
+        ids = text_token_ids(self.policy, texts)
+        with torch.no_grad():
+            lp, _, _ = self.policy.token_ids_log_probs_and_values(
+                [o.prompt for o in observations], feats, ids)
+        self.seconds += time.perf_counter() - t0
+        self.calls += 1
+        return [SampledAction(t, i, lp[b, :len(i)].tolist())
+                for b, (t, i) in enumerate(zip(texts, ids))]
+
+
+def make_ppo_run(out: Path, seed: int = 0) -> dict:
+    """The PPO fixture run: a tiny policy (:data:`TINY_POLICY`) trained by the real Trainer's
+    PPO learner on the stand-ins' steps; keeps eval/ and the last checkpoint's policy."""
+    import tempfile
+
+    from digirl_lite.policy import AutoUIPolicy
+    from digirl_lite.train.config import sim_quick
+    from digirl_lite.train.trainer import Trainer
+
+    with tempfile.TemporaryDirectory() as tmp:
+        AutoUIPolicy.sim_preset(seed=seed, **TINY_POLICY).save(Path(tmp) / "tiny")
+        cfg = sim_quick(algorithm="ppo", seed=seed, starting_policy=str(Path(tmp) / "tiny"),
+                        pile_size=8, iterations=2, rollouts_per_iteration=8, n_envs=4,
+                        eval_tasks=4, eval_every=1, critic_warmup_updates=10,
+                        ppo_minibatch=8, ppo_epochs=2, actor_lr=1e-3)
+        trainer = Trainer(cfg, out, cache_dir=None, progress=False)
+
+        def stand_in(screens=None):
+            skill = min(0.9, SKILL_STEP["digirl"] * len(trainer.summary["stages"]))
+            base = seed * 1000 + 10 * len(trainer.summary["stages"])
+            return ScoredStandIns(trainer.policy, trainer.features,
+                                  screens if screens is not None else trainer.screens,
+                                  skill, base)
+
+        trainer.agent = stand_in
+        summary = trainer.run()
+
+    shutil.rmtree(out / "store", ignore_errors=True)
+    for stage in PPO_EVAL_DROPPED:  # their records stay in metrics.jsonl and summary.json
+        shutil.rmtree(out / "eval" / stage, ignore_errors=True)
+    ckpts = out / "checkpoints"
+    latest = ckpts / (ckpts / "latest").read_text().strip()
+    for p in ckpts.iterdir():
+        if p.is_dir() and p != latest:
+            shutil.rmtree(p)
+    (latest / "state.pt").unlink()  # critics (unused by PPO) and optimiser states
+    for p in (latest / "policy").glob("sft*"):
+        p.unlink()
+    meta = json.loads((latest / "state.json").read_text())
+    (latest / "state.json").write_text(json.dumps(
+        {k: meta[k] for k in ("iteration", "online_trajectories", "curve")}))
+    for p in out.iterdir():
+        if p.name not in ("metrics.jsonl", "summary.json", "learning_curve.png", "eval",
+                          "checkpoints"):
+            shutil.rmtree(p) if p.is_dir() else p.unlink()
+    return {s: round(r["success_rate"], 3) for s, r in summary["stages"].items()}
+
+
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default="data/fixtures/runs", help="replaced if it exists")
+    ap.add_argument("--only", default=None,
+                    help="regenerate only this run (e.g. ppo-seed0), leaving the others")
     args = ap.parse_args(argv)
     root = Path(args.out)
+    ppo_name = f"{PPO_RUN[0]}-seed{PPO_RUN[1]}"
+    if args.only == ppo_name:
+        shutil.rmtree(root / ppo_name, ignore_errors=True)
+        t0 = time.perf_counter()
+        report = {ppo_name: make_ppo_run(root / ppo_name, PPO_RUN[1])}
+        print(ppo_name, report[ppo_name], f"{time.perf_counter() - t0:.0f} s", flush=True)
+        return report
+    if args.only is not None:
+        raise SystemExit(f"--only: {ppo_name} is the only run regenerated alone")
     if root.exists():
         shutil.rmtree(root)
     report = {}
+    t0 = time.perf_counter()
+    report[ppo_name] = make_ppo_run(root / ppo_name, PPO_RUN[1])
+    print(ppo_name, report[ppo_name], f"{time.perf_counter() - t0:.0f} s", flush=True)
     for algorithm, seed, keep in RUNS:
         t0 = time.perf_counter()
         name = f"{algorithm}-seed{seed}"

@@ -43,11 +43,29 @@ def test_replay_and_grade_notebook_runs(monkeypatch):
 
 
 @pytest.mark.slow
+def test_replay_and_grade_notebook_runs_on_a_ppo_run(monkeypatch):
+    """The same notebook on the PPO fixture run: the value head's values, GAE advantages and
+    recorded log-probabilities per step instead of the critics' grades."""
+    nb = _execute("replay_and_grade.ipynb", {"DIGIRL_RUN": str(FIXTURES / "ppo-seed0")},
+                  monkeypatch)
+    text = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code"
+                   for o in c.outputs)
+    assert "ppo seed 0" in text and "OnPolicyGrader for ppo" in text
+    assert "steps agree:" in text
+    html = "".join(o["data"]["text/html"] for o in _outputs(nb, "text/html"))
+    assert 'class="dl-traj"' in html and "logp=" in html and "V<sub>start</sub>" in html
+    assert "V<sub>instr</sub>" not in html
+    for column in ("V_start", "mean_A", "V_mean", "log_prob"):  # the two tables' columns
+        assert f"<th>{column}</th>" in html, column
+
+
+@pytest.mark.slow
 def test_learning_curves_notebook_runs(monkeypatch):
     nb = _execute("learning_curves.ipynb", {"DIGIRL_RUNS": str(FIXTURES)}, monkeypatch)
     text = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code"
                    for o in c.outputs)
-    for name in ("digirl-seed0", "digirl-seed1", "filtered_bc-seed0", "filtered_bc-seed1"):
+    for name in ("digirl-seed0", "digirl-seed1", "filtered_bc-seed0", "filtered_bc-seed1",
+                 "ppo-seed0"):
         assert name in text
     assert len(_outputs(nb, "image/png")) == 2  # the learning curves and the metrics panels
     tables = "".join(o["data"]["text/html"] for o in _outputs(nb, "text/html"))

@@ -8,6 +8,7 @@ import re
 import shutil
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +21,7 @@ from digirl_lite.viz import Grader, Run
 
 ROOT = Path(__file__).resolve().parents[1]
 RUN = ROOT / "data" / "fixtures" / "runs" / "digirl-seed0"
+PPO_RUN = ROOT / "data" / "fixtures" / "runs" / "ppo-seed0"
 
 
 @pytest.fixture(scope="module")
@@ -79,6 +81,106 @@ def test_report_of_a_run_without_stored_trajectories(tmp_path):
     page = index.read_text()
     assert "stores no evaluation episodes" in page
     assert "<td>online</td>" in page and (tmp_path / "learning_curve.png").is_file()
+
+
+# ----------------------------------------------------------------------------------------
+# PPO and GRPO runs: the value head's values and advantages instead of the critics' grades
+# ----------------------------------------------------------------------------------------
+def _card(page: str, traj_id: str) -> str:
+    start = page.index(f'id="{traj_id}"')
+    return page[start:page.index("</details>", start)]
+
+
+@pytest.mark.slow
+def test_ppo_report_shows_values_and_advantages_per_step(tmp_path):
+    """The PPO fixture run's report: every step shows the value head's V, the GAE advantage
+    and the recorded log-probability; the values are the checkpoint policy's own (scored
+    here again), the advantages token_gae of them, and no critic grade appears."""
+    import torch
+
+    from digirl_lite import ppo
+    from digirl_lite.policy.updates import steps_to_batch
+    from digirl_lite.viz import OnPolicyGrader
+
+    grader = Grader.from_run(PPO_RUN)
+    assert isinstance(grader, OnPolicyGrader) and grader.algorithm == "ppo"
+    assert (grader.gamma, grader.lam) == (0.99, 0.95)
+    index = build_report(PPO_RUN, tmp_path, grader=grader, thumb_width=80)
+    page = index.read_text()
+    assert "PPO values and advantages from checkpoint" in page
+    assert "V<sub>instr</sub>" not in page and "ppo_lam=0.95" in page
+    run = Run(PPO_RUN)
+    assert run.eval_stages() == ["offline", "online"]
+    n_steps = 0
+    for stage in run.eval_stages():
+        trajs, screens = run.eval_trajectories(stage)
+        grades = grader.grade(trajs, screens)
+        assert set(grades) == {t.traj_id for t in trajs}
+        for t in trajs:
+            g = grades[t.traj_id]
+            n_steps += len(t)
+            assert len(g.token_values) == sum(g.step_lengths) == len(g.token_advantages)
+            assert np.isfinite(g.token_values).all() and len(g.values) == len(t) + 1
+            # the advantages are token-level GAE of the shown values and the rewards
+            adv, ret = ppo.token_gae(g.token_values, t.rewards, g.step_lengths, 0.99, 0.95)
+            np.testing.assert_allclose(g.token_advantages, adv, atol=1e-9)
+            np.testing.assert_allclose(g.token_returns, ret, atol=1e-9)
+            assert g.log_probs == pytest.approx([sum(s.action_log_probs) for s in t.steps])
+            # the card shows, per step, V at its first token, the mean A and logp
+            shown = re.findall(r"r=(\S+) V=(\S+) A=(\S+) logp=(\S+)</span>",
+                               _card(page, t.traj_id))
+            assert shown == [(f"{s.reward:g}", f"{v:.2f}", f"{a:+.2f}", f"{lp:.2f}")
+                             for s, v, a, lp in zip(t.steps, g.values, g.advantages,
+                                                    g.log_probs)]
+            assert f"R={t.final_reward:g} V<sub>start</sub>={g.values[0]:.2f}" in page
+    assert page.count("logp=") == n_steps
+    # the values are the checkpoint's value head on these steps (scored here again)
+    trajs, screens = run.eval_trajectories("online")
+    t = max(trajs, key=len)
+    g = grader.grade([t], screens)[t.traj_id]
+    prompts, feats, _ = steps_to_batch(t.steps, screens)
+    with torch.no_grad():
+        _, v, m = grader.policy.token_ids_log_probs_and_values(
+            prompts, feats, [s.action_token_ids for s in t.steps])
+    assert [int(x) for x in m.sum(1)] == list(g.step_lengths)
+    np.testing.assert_allclose(g.values[:-1], v[:, 0].numpy(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(g.value_means,
+                               [float(v[i, :n].mean()) for i, n in enumerate(g.step_lengths)],
+                               rtol=1e-5, atol=1e-6)
+    assert len(set(np.round(g.advantages, 6))) > 1  # not a constant: per step
+
+
+@pytest.mark.slow
+def test_grpo_grades_are_group_advantages_without_values(tmp_path):
+    """GRPO (the PPO fixture's policy, graded as GRPO): no per-step values, each
+    trajectory's advantage is its reward standardised within its task's group, and the
+    report says GRPO has no value head."""
+    from digirl_lite import ppo
+    from digirl_lite.viz import OnPolicyGrader
+
+    policy = Grader.from_run(PPO_RUN).policy
+    grader = OnPolicyGrader(policy, algorithm="grpo")
+    trajs, screens = Run(PPO_RUN).eval_trajectories("online")
+    # a second attempt at the first task, with the other outcome: a group of two
+    other = next(t for t in trajs if t.is_success != trajs[0].is_success)
+    twin = replace(other, traj_id=other.traj_id + "-again", task=trajs[0].task)
+    grades = grader.grade([*trajs, twin], screens)
+    assert set(grades) == {t.traj_id for t in trajs} | {twin.traj_id}
+    group = [t for t in [*trajs, twin] if t.task == trajs[0].task]
+    want = ppo.grpo_advantages([t.final_reward for t in group])
+    assert want[0] != 0  # the rewards differ
+    first = grades[trajs[0].traj_id]
+    assert first.values == () and first.token_values == () and first.returns == ()
+    assert first.advantages == pytest.approx([want[0]] * len(trajs[0]))
+    assert grades[twin.traj_id].row()["A_group"] == pytest.approx(want[-1])
+    alone = [t for t in trajs if t.task != trajs[0].task
+             and sum(u.task == t.task for u in trajs) == 1]
+    assert alone
+    assert all(grades[t.traj_id].advantages == (0.0,) * len(t) for t in alone)
+    index = build_report(PPO_RUN, tmp_path, grader=grader, stages=["online"], thumb_width=60)
+    page = index.read_text()
+    assert "GRPO has no value head" in page and "(no value head)" in page
+    assert page.count("V=&ndash;") >= sum(len(t) for t in trajs)
 
 
 # ----------------------------------------------------------------------------------------

@@ -151,7 +151,7 @@ def test_run_in_progress_torn_and_corrupt_metrics(tmp_path):
 def test_load_runs_from_a_folder_of_runs():
     runs = load_runs(FIXTURES)
     assert [r.name for r in runs] == ["digirl-seed0", "digirl-seed1", "filtered_bc-seed0",
-                                      "filtered_bc-seed1"]
+                                      "filtered_bc-seed1", "ppo-seed0"]
     assert load_runs(RUN)[0].name == "digirl-seed0"
 
 
@@ -326,7 +326,9 @@ def test_learning_curves_plot_every_run_and_the_seed_mean():
     assert "filtered_bc mean of 2" in by_label
     fig = plot_training_metrics(runs, keys=("kept_steps", "actor_loss", "not_logged"))
     assert [a.get_title() for a in fig.axes if a.get_title()] == ["kept_steps", "actor_loss"]
-    assert len(fig.axes[0].get_lines()) == len(runs)
+    # PPO filters nothing (no kept_steps); every run logs an actor loss
+    assert len(fig.axes[0].get_lines()) == len([r for r in runs if r.config["algorithm"] != "ppo"])
+    assert len(fig.axes[1].get_lines()) == len(runs)
 
 
 # ----------------------------------------------------------------------------------------

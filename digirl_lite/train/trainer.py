@@ -630,86 +630,16 @@ class Trainer:
         return torch.optim.AdamW(groups, lr=self.cfg.actor_lr)
 
     # -- Darwin's learner: PPO and GRPO ---------------------------------------------------
-    def _token_ids(self, steps: Sequence[Step]) -> list[tuple[int, ...]]:
-        """Each step's sampled token ids; steps recorded without them (a pile cached by an
-        older version, scripted agents) get their text's tokenisation."""
-        missing = [s.action_text for s in steps if not s.action_token_ids]
-        ids = iter([])
-        if missing:
-            enc = self.policy.tokenizer(missing, max_length=None)
-            ids = iter([tuple(int(x) for x, m in zip(row, mask) if m)
-                        for row, mask in zip(enc["input_ids"].tolist(),
-                                             enc["attention_mask"].tolist())])
-        return [s.action_token_ids or next(ids) for s in steps]
-
-    def _token_values(self, steps: Sequence[Step], token_ids: Sequence[Sequence[int]]
-                      ) -> list[np.ndarray]:
-        """The value head's per-token values of ``steps`` (no gradient), one array each."""
-        out: list[np.ndarray] = []
-        with torch.no_grad():
-            for a in range(0, len(steps), 64):
-                chunk = steps[a:a + 64]
-                prompts, feats, _ = steps_to_batch(chunk, self.screens)
-                _, v, _ = self.policy.token_ids_log_probs_and_values(
-                    prompts, feats, token_ids[a:a + 64])
-                out += [v[i, :len(t)].float().cpu().numpy()
-                        for i, t in enumerate(token_ids[a:a + 64])]
-        return out
-
-    def ppo_rows(self, trajs: Sequence[Trajectory], monte_carlo: bool = False
-                 ) -> list[tuple[Step, tuple[int, ...], list[float], list[float], list[float]]]:
-        """(step, token ids, recorded log-probs, advantages, returns) per step of ``trajs``
-        for :func:`~digirl_lite.policy.updates.ppo_update`.
-
-        PPO: token-level GAE (:func:`digirl_lite.ppo.token_gae`) on the value head's values;
-        every trajectory is terminal (value 0 after its last step), an infrastructure
-        truncation included (Darwin A.6). ``monte_carlo``: lambda 1 (the returns no longer
-        depend on the values: the warm-up's targets). GRPO: the trajectories of one task
-        form its group; its standardised rewards go to every token (no returns), and an
-        infrastructure truncation is left out of it. A trajectory with an unjudged step is
-        left out (its reward is unknown).
-        """
-        from digirl_lite import ppo
+    def ppo_rows(self, trajs: Sequence[Trajectory], monte_carlo: bool = False) -> list[Any]:
+        """(step, token ids, recorded log-probs, advantages, returns, values) per step of
+        ``trajs`` for :func:`~digirl_lite.policy.updates.ppo_update`: this policy's
+        :func:`digirl_lite.train.on_policy.on_policy_rows` with the run's algorithm,
+        ``ppo_gamma`` and ``ppo_lam`` (``monte_carlo``: lambda 1, the warm-up's targets)."""
+        from digirl_lite.train.on_policy import on_policy_rows
 
         c = self.cfg
-        # GRPO: a device's fault is not the agent's failure (Darwin A.3); a truncated
-        # attempt would enter its group at reward 0 and be pushed down, so it is left out
-        trajs = [t for t in trajs if t.steps and t.num_unjudged == 0
-                 and not (c.algorithm == "grpo" and t.is_infra_truncated)]
-        steps = [s for t in trajs for s in t.steps]
-        ids = self._token_ids(steps)
-        rows = []
-        if c.algorithm == "grpo":
-            groups: dict[str, list[Trajectory]] = {}
-            for t in trajs:
-                groups.setdefault(t.task, []).append(t)
-            adv_of = {}
-            for group in groups.values():
-                a = ppo.grpo_advantages([t.final_reward for t in group])
-                adv_of.update({t.traj_id: float(x) for t, x in zip(group, a)})
-            k = 0
-            for t in trajs:
-                for s in t.steps:
-                    n = len(ids[k])
-                    rows.append((s, ids[k], list(s.action_log_probs) or [0.0] * n,
-                                 [adv_of[t.traj_id]] * n, []))
-                    k += 1
-            return rows
-        values = self._token_values(steps, ids)
-        k = 0
-        for t in trajs:
-            n_steps = len(t.steps)
-            v = np.concatenate(values[k:k + n_steps])
-            lengths = [len(x) for x in ids[k:k + n_steps]]
-            adv, ret = ppo.token_gae(v, t.rewards, lengths, c.ppo_gamma,
-                                     1.0 if monte_carlo else c.ppo_lam)
-            bounds = np.cumsum([0, *lengths])
-            for j, s in enumerate(t.steps):
-                a, b = bounds[j], bounds[j + 1]
-                rows.append((s, ids[k + j], list(s.action_log_probs) or [0.0] * (b - a),
-                             adv[a:b].tolist(), ret[a:b].tolist()))
-            k += n_steps
-        return rows
+        return on_policy_rows(trajs, self.policy, self.screens, algorithm=c.algorithm,
+                              gamma=c.ppo_gamma, lam=c.ppo_lam, monte_carlo=monte_carlo)
 
     def _ppo_batch(self, rows, pick) -> Any:
         from digirl_lite.policy.updates import PPOBatch

@@ -6,7 +6,8 @@ grades, learning curves, run folders, and re-grading with another judge (issue 8
 - :class:`Run` (``runs.py``): a Trainer's run folder (metrics, summary, stored evaluation
   episodes, checkpoints).
 - :class:`Grader` (``grades.py``): both critics' values, Eq. 4.4 and Eq. 4.3, and what the
-  filters would keep, from a run's checkpoint.
+  filters would keep, from a run's checkpoint; :class:`OnPolicyGrader` for PPO and GRPO
+  runs: the value head's values, GAE advantages and returns, recorded log-probabilities.
 - :func:`filmstrip`, :func:`trajectory_html`, :func:`replay` (``film.py``): a trajectory
   frame by frame, as one image or as HTML cards (Jupyter and :mod:`digirl_lite.report`).
 - :func:`plot_learning_curves`, :func:`plot_seed_bands`, :func:`plot_training_metrics`
@@ -30,6 +31,9 @@ _EXPORTS = {
     "load_runs": "runs",
     "Grader": "grades",
     "TrajectoryGrade": "grades",
+    "OnPolicyGrader": "grades",
+    "OnPolicyGrade": "grades",
+    "grade_rows": "grades",
     "StepView": "film",
     "step_views": "film",
     "replay": "film",

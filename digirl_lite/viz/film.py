@@ -23,7 +23,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from PIL import Image
 
     from digirl_lite.data.records import ScreenTable, Trajectory
-    from digirl_lite.viz.grades import TrajectoryGrade
+    from digirl_lite.viz.grades import OnPolicyGrade, TrajectoryGrade
 
 __all__ = ["StepView", "step_views", "replay", "filmstrip", "trajectory_html", "image_data_uri",
            "HTML_STYLE"]
@@ -46,9 +46,15 @@ class StepView:
         verdict: the judge's verdict on the screen after the action ("success", "failure",
             "unjudged"; None where no judge ran).
         judge_reply: the judge's reply text, if any.
-        value: V_step(s_h) (None without a grade).
-        advantage: the step grade, Eq. 4.3 (None without a grade and on the last frame).
-        kept: whether the filters would imitate this step (None as for ``advantage``).
+        value: V_step(s_h) (None without a grade); for PPO the value head's value at the
+            step's first action token.
+        advantage: the step grade, Eq. 4.3 (None without a grade and on the last frame); for
+            PPO the mean of the step's token-level GAE advantages, for GRPO the trajectory's
+            group advantage.
+        kept: whether the filters would imitate this step (None as for ``advantage``, and
+            for PPO and GRPO, which filter nothing).
+        log_prob: PPO and GRPO: the recorded log-probability of the action (None where
+            none was recorded, and for the other algorithms).
     """
 
     index: int
@@ -62,6 +68,7 @@ class StepView:
     value: float | None = None
     advantage: float | None = None
     kept: bool | None = None
+    log_prob: float | None = None
 
     def caption(self) -> list[str]:
         """Short text lines under a thumbnail."""
@@ -80,12 +87,16 @@ class StepView:
         return lines
 
 
-def step_views(trajectory: Trajectory, grade: TrajectoryGrade | None = None) -> list[StepView]:
+def step_views(trajectory: Trajectory, grade: TrajectoryGrade | OnPolicyGrade | None = None
+               ) -> list[StepView]:
     """T + 1 views of a T-step trajectory (the last one: the final screen and the ending)."""
     steps = trajectory.steps
     if grade is not None and len(grade.advantages) != len(steps):
         raise ValueError(f"grade of {grade.traj_id!r} has {len(grade.advantages)} steps, "
                          f"trajectory {trajectory.traj_id!r} has {len(steps)}")
+    values = grade.values if grade else ()  # () for GRPO: no value head
+    kept = grade.step_kept if grade else ()  # () for PPO and GRPO: no filter
+    log_probs = getattr(grade, "log_probs", ())  # PPO and GRPO
     views = []
     for h, s in enumerate(steps):
         views.append(StepView(
@@ -93,20 +104,22 @@ def step_views(trajectory: Trajectory, grade: TrajectoryGrade | None = None) -> 
             label=action_label(s.action), reward=s.reward,
             verdict=s.verdict.value if s.verdict is not None else None,
             judge_reply=s.judge_reply,
-            value=grade.values[h] if grade else None,
+            value=values[h] if values else None,
             advantage=grade.advantages[h] if grade else None,
-            kept=grade.step_kept[h] if grade else None))
+            kept=kept[h] if kept else None,
+            log_prob=log_probs[h] if log_probs else None))
     if steps:
         end = trajectory.ending.value
         if trajectory.truncation_reason:
             end += f" ({trajectory.truncation_reason})"
         views.append(StepView(index=len(steps), screen_id=steps[-1].next_screen_id, action=None,
                               action_text="", label=f"end: {end}",
-                              value=grade.values[-1] if grade else None))
+                              value=values[-1] if values else None))
     return views
 
 
-def replay(trajectory: Trajectory, screens: ScreenTable, grade: TrajectoryGrade | None = None,
+def replay(trajectory: Trajectory, screens: ScreenTable,
+           grade: TrajectoryGrade | OnPolicyGrade | None = None,
            *, width: int | None = None) -> Iterator[tuple[StepView, Image.Image | None]]:
     """Step through a trajectory: (view, screenshot with the action drawn) per frame.
 
@@ -123,7 +136,7 @@ def replay(trajectory: Trajectory, screens: ScreenTable, grade: TrajectoryGrade 
 
 
 def filmstrip(trajectory: Trajectory, screens: ScreenTable,
-              grade: TrajectoryGrade | None = None, *, thumb_width: int = 160,
+              grade: TrajectoryGrade | OnPolicyGrade | None = None, *, thumb_width: int = 160,
               max_frames: int | None = None) -> Image.Image:
     """One image: the frames side by side, each with its caption underneath, and the task
     and ending on top.
@@ -154,8 +167,7 @@ def filmstrip(trajectory: Trajectory, screens: ScreenTable,
            fill=(0, 0, 0))
     head2 = f"{trajectory.traj_id}  {trajectory.ending.value}, {len(trajectory)} steps"
     if grade is not None:
-        head2 += (f"  V_instr={grade.instr_value:.2f} A_instr={grade.instr_advantage:+.2f} "
-                  f"{'kept' if grade.kept else 'dropped'}")
+        head2 += "  " + _grade_head(grade, html_=False)
     d.text((gap, 3 + line_h), head2, font=font, fill=(90, 90, 90))
     for i, (v, im) in enumerate(frames):
         x = gap + i * (thumb_width + gap)
@@ -194,12 +206,29 @@ HTML_STYLE = """
 """CSS for :func:`trajectory_html` (the report includes it once; notebooks inline it)."""
 
 
+def _grade_head(grade: TrajectoryGrade | OnPolicyGrade, html_: bool) -> str:
+    """The trajectory-level numbers of a grade, for a card's or a filmstrip's header."""
+    sub = (lambda x: f"<sub>{x}</sub>") if html_ else (lambda x: f"_{x}")
+    if hasattr(grade, "instr_value"):  # DigiRL, Filtered BC, AWR: the critics and filters
+        return (f"V{sub('instr')}={grade.instr_value:.2f} "
+                f"A{sub('instr')}={grade.instr_advantage:+.2f} "
+                + (f'({"kept" if grade.kept else "dropped"} by the trajectory filter)' if html_
+                   else ("kept" if grade.kept else "dropped")))
+    row = grade.row()
+    if grade.algorithm == "ppo":
+        return (f"{grade.algorithm.upper()}: R={grade.reward:g} "
+                f"V{sub('start')}={row['V_start']:.2f} mean A={row['mean_A']:+.2f}")
+    return (f"{grade.algorithm.upper()}: R={grade.reward:g} A{sub('group')}="
+            f"{_num(row['A_group'], '+.2f')} (no value head)")
+
+
 def _num(x: float | None, fmt: str) -> str:
     return "&ndash;" if x is None else format(x, fmt)
 
 
 def trajectory_html(trajectory: Trajectory, screens: ScreenTable,
-                    grade: TrajectoryGrade | None = None, *, thumb_width: int = 160,
+                    grade: TrajectoryGrade | OnPolicyGrade | None = None, *,
+                    thumb_width: int = 160,
                     image_src: Callable[[StepView, Image.Image], str] | None = None,
                     open_: bool = True, style: bool = True) -> str:
     """An HTML card: the task, ending and instruction grades, then one card per frame with
@@ -222,9 +251,8 @@ def trajectory_html(trajectory: Trajectory, screens: ScreenTable,
             f"{len(trajectory)} steps", f"<b>{e(trajectory.task)}</b>",
             f'<span class="dl-num">{e(trajectory.traj_id)}</span>']
     if grade is not None:
-        head.append(f'<span class="dl-num">V<sub>instr</sub>={grade.instr_value:.2f} '
-                    f'A<sub>instr</sub>={grade.instr_advantage:+.2f} '
-                    f'({"kept" if grade.kept else "dropped"} by the trajectory filter)</span>')
+        head.append(f'<span class="dl-num">{_grade_head(grade, html_=True)}</span>')
+    on_policy = getattr(grade, "algorithm", None) if hasattr(grade, "log_probs") else None
     cards = []
     for v, im in replay(trajectory, screens, grade, width=thumb_width):
         img = (f'<img src="{e(src_of(v, im))}" width="{im.width}" height="{im.height}" '
@@ -238,6 +266,7 @@ def trajectory_html(trajectory: Trajectory, screens: ScreenTable,
             lines.append(f'<span class="dl-num">r={_num(v.reward, "g")} '
                          f'V={_num(v.value, ".2f")} A={_num(v.advantage, "+.2f")}'
                          + ("" if v.kept is None else f' {"kept" if v.kept else "dropped"}')
+                         + ("" if on_policy is None else f' logp={_num(v.log_prob, ".2f")}')
                          + "</span>")
         else:
             lines.append(f'<span class="dl-num">V={_num(v.value, ".2f")}</span>')

@@ -1,0 +1,139 @@
+"""The rows Darwin's learner trains on (PPO and GRPO), as functions of a policy: each step's
+token ids, the value head's per-token values, and token-level advantages and returns.
+
+:meth:`digirl_lite.train.Trainer.ppo_rows` calls :func:`on_policy_rows` with its own policy
+and screens; the viewer (:class:`digirl_lite.viz.OnPolicyGrader`) calls it with a run's
+checkpoint, so what the report shows is what the learner computes. The math is
+:mod:`digirl_lite.ppo`'s.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, NamedTuple
+
+import numpy as np
+
+if TYPE_CHECKING:  # pragma: no cover
+    from digirl_lite.data.records import ScreenTable, Step, Trajectory
+
+__all__ = ["PPORow", "text_token_ids", "token_ids", "token_values", "on_policy_rows"]
+
+
+class PPORow(NamedTuple):
+    """One step for :func:`~digirl_lite.policy.updates.ppo_update`.
+
+    Attributes:
+        step: the step.
+        token_ids: the action's token ids (as sampled, else its text's tokenisation).
+        log_probs: the recorded log-probability of each token (zeros where none was
+            recorded: such rows are not trained on).
+        advantages: per token (PPO: token-level GAE; GRPO: the trajectory's group advantage).
+        returns: per token, ``advantages + values`` (PPO); empty under GRPO.
+        values: per token, the value head's values (PPO); empty under GRPO.
+    """
+
+    step: Step
+    token_ids: tuple[int, ...]
+    log_probs: list[float]
+    advantages: list[float]
+    returns: list[float]
+    values: list[float]
+
+
+def text_token_ids(policy, texts: Sequence[str]) -> list[tuple[int, ...]]:
+    """Each string's tokenisation by ``policy``'s tokenizer (eos included, no pads)."""
+    if not texts:
+        return []
+    enc = policy.tokenizer(list(texts), max_length=None)
+    return [tuple(int(x) for x, m in zip(row, mask) if m)
+            for row, mask in zip(enc["input_ids"].tolist(), enc["attention_mask"].tolist())]
+
+
+def token_ids(policy, steps: Sequence[Step]) -> list[tuple[int, ...]]:
+    """Each step's sampled token ids; steps recorded without them (a pile cached by an older
+    version, scripted agents) get their text's tokenisation (:func:`text_token_ids`)."""
+    ids = iter(text_token_ids(policy, [s.action_text for s in steps if not s.action_token_ids]))
+    return [s.action_token_ids or next(ids) for s in steps]
+
+
+def token_values(policy, steps: Sequence[Step], ids: Sequence[Sequence[int]],
+                 screens: ScreenTable) -> list[np.ndarray]:
+    """The value head's per-token values of ``steps`` (no gradient), one array each."""
+    import torch
+
+    from digirl_lite.policy.updates import steps_to_batch
+
+    out: list[np.ndarray] = []
+    with torch.no_grad():
+        for a in range(0, len(steps), 64):
+            chunk = steps[a:a + 64]
+            prompts, feats, _ = steps_to_batch(chunk, screens)
+            _, v, _ = policy.token_ids_log_probs_and_values(prompts, feats, ids[a:a + 64])
+            out += [v[i, :len(t)].float().cpu().numpy() for i, t in enumerate(ids[a:a + 64])]
+    return out
+
+
+def on_policy_rows(trajs: Sequence[Trajectory], policy, screens: ScreenTable, *,
+                   algorithm: str = "ppo", gamma: float = 0.99, lam: float = 0.95,
+                   monte_carlo: bool = False) -> list[PPORow]:
+    """A :class:`PPORow` per step of ``trajs``.
+
+    PPO: token-level GAE (:func:`digirl_lite.ppo.token_gae`) on the value head's values;
+    every trajectory is terminal (value 0 after its last step), an infrastructure
+    truncation included (Darwin A.6). ``monte_carlo``: lambda 1 (the returns no longer
+    depend on the values: the warm-up's targets). GRPO: the trajectories of one task form
+    its group; its standardised rewards go to every token (no returns, no values), and an
+    infrastructure truncation is left out of it. A trajectory with an unjudged step is left
+    out (its reward is unknown).
+
+    Args:
+        trajs: the trajectories.
+        policy: an :class:`~digirl_lite.policy.AutoUIPolicy` (its tokenizer and value head).
+        screens: the trajectories' screens, with features.
+        algorithm: ``"ppo"`` or ``"grpo"``.
+        gamma: PPO's discount across steps (the run's ``ppo_gamma``).
+        lam: GAE's lambda (the run's ``ppo_lam``).
+        monte_carlo: lambda 1 instead of ``lam``.
+    """
+    from digirl_lite import ppo
+
+    if algorithm not in ("ppo", "grpo"):
+        raise ValueError(f"algorithm must be 'ppo' or 'grpo', got {algorithm!r}")
+    # GRPO: a device's fault is not the agent's failure (Darwin A.3); a truncated
+    # attempt would enter its group at reward 0 and be pushed down, so it is left out
+    trajs = [t for t in trajs if t.steps and t.num_unjudged == 0
+             and not (algorithm == "grpo" and t.is_infra_truncated)]
+    steps = [s for t in trajs for s in t.steps]
+    ids = token_ids(policy, steps)
+    rows = []
+    if algorithm == "grpo":
+        groups: dict[str, list[Trajectory]] = {}
+        for t in trajs:
+            groups.setdefault(t.task, []).append(t)
+        adv_of = {}
+        for group in groups.values():
+            a = ppo.grpo_advantages([t.final_reward for t in group])
+            adv_of.update({t.traj_id: float(x) for t, x in zip(group, a)})
+        k = 0
+        for t in trajs:
+            for s in t.steps:
+                n = len(ids[k])
+                rows.append(PPORow(s, ids[k], list(s.action_log_probs) or [0.0] * n,
+                                   [adv_of[t.traj_id]] * n, [], []))
+                k += 1
+        return rows
+    values = token_values(policy, steps, ids, screens)
+    k = 0
+    for t in trajs:
+        n_steps = len(t.steps)
+        v = np.concatenate(values[k:k + n_steps])
+        lengths = [len(x) for x in ids[k:k + n_steps]]
+        adv, ret = ppo.token_gae(v, t.rewards, lengths, gamma, 1.0 if monte_carlo else lam)
+        bounds = np.cumsum([0, *lengths])
+        for j, s in enumerate(t.steps):
+            a, b = bounds[j], bounds[j + 1]
+            rows.append(PPORow(s, ids[k + j], list(s.action_log_probs) or [0.0] * (b - a),
+                               adv[a:b].tolist(), ret[a:b].tolist(), v[a:b].tolist()))
+        k += n_steps
+    return rows
