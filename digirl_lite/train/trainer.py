@@ -633,9 +633,9 @@ class Trainer:
     def ppo_rows(self, trajs: Sequence[Trajectory], monte_carlo: bool = False) -> list[Any]:
         """(step, token ids, recorded log-probs, advantages, returns, values) per step of
         ``trajs`` for :func:`~digirl_lite.policy.updates.ppo_update`: this policy's
-        :func:`digirl_lite.train.on_policy.on_policy_rows` with the run's algorithm,
+        :func:`digirl_lite.policy.on_policy.on_policy_rows` with the run's algorithm,
         ``ppo_gamma`` and ``ppo_lam`` (``monte_carlo``: lambda 1, the warm-up's targets)."""
-        from digirl_lite.train.on_policy import on_policy_rows
+        from digirl_lite.policy.on_policy import on_policy_rows
 
         c = self.cfg
         return on_policy_rows(trajs, self.policy, self.screens, algorithm=c.algorithm,

@@ -17,7 +17,7 @@ the trainer. Critic values come from :mod:`digirl_lite.critics.data`, the math f
 
 PPO and GRPO runs (issue 17) have no critics and no filters: :class:`OnPolicyGrader` gives
 what their learner computes from the checkpoint's policy, with the learner's own function
-(:func:`digirl_lite.train.on_policy.on_policy_rows`): per step the value head's value, the
+(:func:`digirl_lite.policy.on_policy.on_policy_rows`): per step the value head's value, the
 token-level GAE advantage and return (PPO), the recorded log-probability of the action, and
 GRPO's group-standardised advantage per trajectory (no value head, no per-step values).
 :meth:`Grader.from_run` returns one for such runs.
@@ -235,7 +235,7 @@ def _mean(x: Sequence[float]) -> float:
 class OnPolicyGrade:
     """What a PPO or GRPO learner computes for one trajectory of T steps (N action tokens).
 
-    The token-level arrays are :func:`digirl_lite.train.on_policy.on_policy_rows`'s; the
+    The token-level arrays are :func:`digirl_lite.policy.on_policy.on_policy_rows`'s; the
     per-step numbers the viewer shows are read from them (see the properties).
 
     Attributes:
@@ -387,7 +387,7 @@ class OnPolicyGrader:
         """Grades of ``trajectories`` by id: those the learner would use (at least one step,
         no unjudged step; GRPO: no infrastructure truncation). GRPO's groups are the
         trajectories of one task within this set."""
-        from digirl_lite.train.on_policy import on_policy_rows
+        from digirl_lite.policy.on_policy import on_policy_rows
 
         trajs = [t for t in trajectories if t.steps]
         if not trajs:
