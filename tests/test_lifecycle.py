@@ -30,6 +30,17 @@ HOME = format_action(Action.key(ActionType.PRESS_HOME))
 SEARCH = "Go to bestbuy.com, search for 'usb cable'"
 
 
+def _expert_episode(env: SimPhoneEnv, obs):
+    """The scripted expert from ``obs`` to the episode's end: the last observation, the last
+    reward and every step's info."""
+    agent, infos = ScriptedExpert(), []
+    while True:
+        obs, r, term, trunc, info = env.step(agent.act(obs))
+        infos.append(info)
+        if term or trunc:
+            return obs, r, infos
+
+
 def test_hard_reset_due_every_k_episodes():
     assert [hard_reset_due(n, 3) for n in range(6)] == [False] * 3 + [True] * 3
     assert not any(hard_reset_due(n, 0) for n in range(10))
@@ -113,13 +124,9 @@ def test_a_failing_setup_in_a_fleet_is_infra_and_not_counted_against_the_agent()
 def test_teardown_runs_after_the_execution_and_not_before():
     task = task_with_phases({"task": "Go to ebay.com", "teardown": {"home": True}})
     env = SimPhoneEnv([task], surprises=NONE)
-    obs, _ = env.reset()
-    agent = ScriptedExpert()
-    while True:
-        obs, r, term, trunc, info = env.step(agent.act(obs))
-        if term or trunc:
-            break
-        assert "teardown" not in info
+    obs, r, infos = _expert_episode(env, env.reset()[0])
+    info = infos[-1]
+    assert not any("teardown" in i for i in infos[:-1])
     # the agent's last screen is the shop (success); the teardown then took the phone home
     assert r == 1.0 and obs.state.page.site == "ebay"
     assert info["teardown"] == "done" and env.state.page.kind == "launcher"
@@ -144,13 +151,8 @@ def test_a_failed_teardown_keeps_the_outcome_and_makes_the_next_reset_hard():
     task = task_with_phases({"task": "Go to ebay.com", "teardown": {"home": True}})
     env = SimPhoneEnv([task], surprises=NONE, faults={"teardown_failure": 1.0},
                       hard_reset_every=0)
-    obs, _ = env.reset()
-    agent = ScriptedExpert()
-    while True:
-        obs, r, term, trunc, info = env.step(agent.act(obs))
-        if term or trunc:
-            break
-    assert r == 1.0 and info["teardown"].startswith("failed")
+    _, r, infos = _expert_episode(env, env.reset()[0])
+    assert r == 1.0 and infos[-1]["teardown"].startswith("failed")
     _, info = env.reset()
     assert info["reset"] == "hard" and env.state.sites_seen == ()
     _, info = env.reset()
@@ -160,11 +162,7 @@ def test_a_failed_teardown_keeps_the_outcome_and_makes_the_next_reset_hard():
 def _visit(env: SimPhoneEnv, site_task: str, seed: int):
     """One episode that opens ``site_task``'s site; returns the reset info."""
     obs, info = env.reset(task=site_task, seed=seed)
-    agent = ScriptedExpert()
-    while True:
-        obs, r, term, trunc, _ = env.step(agent.act(obs))
-        if term or trunc:
-            return info, obs
+    return info, _expert_episode(env, obs)[0]
 
 
 def test_minimal_reset_keeps_the_sites_seen_and_a_hard_reset_every_k_clears_them():
