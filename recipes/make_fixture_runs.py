@@ -145,8 +145,8 @@ class ScoredStandIns:
         import torch
 
         from digirl_lite.data.records import screen_id_of_image
-        from digirl_lite.rollout.episode import SampledAction
         from digirl_lite.policy.on_policy import text_token_ids
+        from digirl_lite.rollout.episode import SampledAction
 
         t0 = time.perf_counter()
         texts = self.inner.act_batch(slots, observations)

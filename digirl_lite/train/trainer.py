@@ -1249,6 +1249,12 @@ class Trainer:
                 what = {"ppo": "the value head's warm-up", "grpo": "nothing (GRPO)"}.get(
                     c.algorithm, "critics and actor")
                 self.say(f"offline phase: {what} on {len(pile)} trajectories")
+                # the offline phase draws from a stream fixed by the seed alone: the same
+                # whether the pile was collected here (which samples), read from the cache
+                # or from the store of an interrupted run
+                offline_seed = c.seed + 7919 * self.rank + 15_485_863
+                self._seed_everything(offline_seed)
+                self.rng = np.random.default_rng(offline_seed)
                 self.offline(pile)
                 self._finish("offline")
             if not self._done("eval:offline"):
