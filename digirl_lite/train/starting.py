@@ -104,6 +104,7 @@ def train_sft(cfg: Any, features: Any, *, device: Any = "cpu", process_index: in
 
     import torch
 
+    from digirl_lite.policy.factory import fresh_policy
     from digirl_lite.policy.updates import steps_to_batch, text_mle_update
     from digirl_lite.rollout.pile import copy_drills, generate_demos
 
@@ -114,7 +115,7 @@ def train_sft(cfg: Any, features: Any, *, device: Any = "cpu", process_index: in
                                         slip_rate=c.sft_slip_rate)
     features.fill(dscreens)
     steps = [s for t in demos for s in t.steps]
-    policy = _fresh_policy(c).to(device)
+    policy = fresh_policy(c).to(device)
     opt = torch.optim.AdamW(policy.parameters(), lr=c.sft_lr)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda u: min(1.0, (u + 1) / 50))
     rng = np.random.default_rng([c.sft_seed, process_index])
@@ -148,17 +149,3 @@ def train_sft(cfg: Any, features: Any, *, device: Any = "cpu", process_index: in
                     phase="copy" if u < c.sft_copy_updates else "demos")
     return policy
 
-
-def _fresh_policy(c: Any):
-    """What SFT starts from: the simulator preset's fresh T5, or the VLM at ``policy_path``
-    with fresh adapters."""
-    if c.policy == "vlm":
-        from digirl_lite.policy.vlm import VLMPolicy
-
-        return VLMPolicy.from_pretrained(c.policy_path, lora=c.lora,
-                                         image_size=c.vlm_image_size, dtype=c.vlm_dtype,
-                                         gradient_checkpointing=c.gradient_checkpointing,
-                                         seed=c.sft_seed)
-    from digirl_lite.policy import AutoUIPolicy
-
-    return AutoUIPolicy.sim_preset(seed=c.sft_seed)

@@ -182,13 +182,13 @@ class Trainer:
         # (a VLM reads screenshots: the critics' features are the encoder's own size)
         self.policy = self._initial_policy().to(self.accelerator.device)
         reads_features = self.policy.screen_input == "features"
-        encoder = self._image_encoder(self.img_dim if reads_features
+        encoder = self._image_encoder(self.policy.img_dim if reads_features
                                       else SIM_FEATURE_DIM)
-        if reads_features and int(encoder.dim) != self.img_dim:
+        if reads_features and int(encoder.dim) != self.policy.img_dim:
             raise ConfigError(
                 f"image_encoder {cfg.image_encoder!r} gives {encoder.dim}-d features but the "
                 f"policy (starting_policy {cfg.starting_policy!r}) reads "
-                f"{self.img_dim}-d image features: use the encoder the policy was "
+                f"{self.policy.img_dim}-d image features: use the encoder the policy was "
                 "trained with")
         self.img_dim = int(encoder.dim)  # the screen tables' and the step critic's
         self.features = FeatureCache(encoder)
@@ -242,45 +242,11 @@ class Trainer:
             self._tb = SummaryWriter(str(self.out / "tensorboard"))
 
     def _initial_policy(self):
-        """A policy directory (a saved AutoUIPolicy or a real Auto-UI checkpoint) is loaded
-        here; for "sft" / "shipped" this is the simulator preset's shape, replaced by the
-        trained or shipped weights in :meth:`build_starting_policy`. Policy "vlm": the model
-        at ``policy_path`` with fresh adapters, or a saved VLM policy (``starting_policy``
-        a directory)."""
-        from digirl_lite.policy import AutoUIPolicy
-        from digirl_lite.policy.base import policy_kind
+        """The policy before :meth:`build_starting_policy`
+        (:func:`digirl_lite.policy.factory.initial_policy`)."""
+        from digirl_lite.policy.factory import initial_policy
 
-        c = self.cfg
-        src = c.starting_policy
-        d = Path(src).expanduser() if src not in ("sft", "shipped") else None
-        found = policy_kind(d) if d is not None else None
-        if c.policy == "vlm":
-            from digirl_lite.policy.vlm import VLMPolicy
-
-            if d is None:
-                return VLMPolicy.from_pretrained(
-                    c.policy_path, lora=c.lora, image_size=c.vlm_image_size,
-                    dtype=c.vlm_dtype, gradient_checkpointing=c.gradient_checkpointing,
-                    seed=c.sft_seed)
-            if found != "vlm":
-                raise ConfigError(f"starting_policy {str(d)!r} holds "
-                                  f"{'an ' + found + ' policy' if found else 'no saved policy'}"
-                                  "; policy 'vlm' starts from a saved VLM policy (or 'sft', "
-                                  "'shipped': the model at policy_path)")
-            try:
-                return VLMPolicy.load(d, base=c.policy_path)
-            except (OSError, ValueError) as e:
-                raise ConfigError(f"starting_policy {str(d)!r}: {e}") from None
-        if d is None:
-            return AutoUIPolicy.sim_preset(seed=c.seed)
-        if found == "vlm":
-            raise ConfigError(f"starting_policy {str(d)!r} holds a saved VLM policy: set "
-                              "policy 'vlm' (and policy_path its base model)")
-        try:
-            return (AutoUIPolicy.load(d) if (d / "digirl_policy.json").is_file()
-                    else AutoUIPolicy.from_pretrained(d))
-        except (OSError, ValueError) as e:
-            raise ConfigError(f"starting_policy {str(d)!r}: {e}") from None
+        return initial_policy(self.cfg)
 
     def _image_encoder(self, dim: int):
         from digirl_lite.vision import SimScreenEncoder
