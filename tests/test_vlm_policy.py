@@ -247,3 +247,34 @@ def test_ppo_trains_the_adapters_and_the_value_head_of_a_vlm(tiny_vlm, tmp_path)
     assert not torch.equal(t.policy.value_head.linear.bias, bias)
     ppo = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").open()]
     assert any("clip_fraction" in json.dumps(r) for r in ppo)
+
+
+def test_the_gpu_recipe_fails_early_then_loads_with_a_checkpoint(tiny_vlm):
+    from pathlib import Path
+
+    from digirl_lite.train.config import load_config
+
+    path = Path(__file__).resolve().parents[1] / "recipes" / "configs" / "qwen_vl_lora.json"
+    with pytest.raises(ConfigError, match="policy_path"):
+        load_config(path)
+    cfg = load_config(path, policy_path=str(tiny_vlm))
+    assert cfg.policy == "vlm" and cfg.lora["r"] == 8 and cfg.vlm_dtype == "bf16"
+
+
+def test_the_paper_figures_count_qwen2_vl_2b_exactly():
+    """benchmarks/bench_vlm_size.py on the meta device: the released Qwen2-VL-2B has 2.21 B
+    parameters; LoRA rank 8 on q/k/v/o of its 28 layers is 28 x 8 x (2 x (1536 + 1536) +
+    2 x (1536 + 256))."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_vlm_size.py"
+    spec = importlib.util.spec_from_file_location("bench_vlm_size", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    r = bench.on_paper("2b", 16, (270, 570), 140, 64, bench.LORA)
+    assert round(r["parameters"] / 1e9, 2) == 2.21
+    assert r["lora_parameters"] == 28 * 8 * (2 * (1536 + 1536) + 2 * (1536 + 256))
+    assert r["image_tokens"] == bench.image_tokens(270, 570) == 200
+    g = r["gib"]
+    assert g["total_checkpointed"] < g["total"] and g["weights_bf16"] > 4
