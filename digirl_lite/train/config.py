@@ -22,7 +22,8 @@ STEP_FILTERS = ("paper", "released", "none")  # digirl_lite.filters.STEP_FILTERS
 LEARNERS = ("sync", "async")
 ASYNC_FLEETS = ("async", "ray")  # the fleets with start / take (rollout.async_fleet)
 _PPO = ("ppo_clip_eps", "ppo_epochs", "ppo_minibatch", "kl_coef")  # PPO and GRPO
-_PPO_ONLY = ("ppo_gamma", "ppo_lam", "value_coef", "value_lr", "critic_warmup_updates")
+_PPO_ONLY = ("ppo_gamma", "ppo_lam", "value_coef", "value_lr", "value_bias",
+             "critic_warmup_updates")
 _DIGIRL = ("instruction_filter", "step_filter", "critic_loss", "awr_beta", "awr_max_weight")
 #: fields an algorithm does not read; set away from their defaults, they are an error
 #: (an ablation that would silently change nothing). :func:`with_algorithm` resets them.
@@ -303,6 +304,11 @@ class DigiRLConfig:
     measured on the quick preset's pile (24 attempts), a fresh head's token-mean MSE to the
     Monte-Carlo returns went 0.477 -> 0.281 in Darwin's 30 warm-up updates at the actor's
     1e-4, -> 0.207 at 3e-4 and -> 0.171 at 1e-3."""
+    value_bias: float = 0.1
+    """The output bias of a fresh value head (DARWIN.md A.6: 0.1; A.6 reports that a
+    randomly initialised critic with neither this bias nor ``critic_warmup_updates``
+    collapsed the policy: ``value_bias`` 0 with ``critic_warmup_updates`` 0 is that setting).
+    A head loaded with its policy keeps its own."""
     kl_coef: float = 0.0
     """Weight of the k3 KL to the sampling policy (0: off, the clip alone keeps updates
     small; the KL is logged either way)."""

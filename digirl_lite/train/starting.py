@@ -78,8 +78,10 @@ def starting_policy(cfg: Any, *, features: Any, cache_dir: Path | None, device: 
                 f"{cached} was built with other SFT settings (key {made}, this run {key}); "
                 "rebuild it with recipes/make_starting_policy.py or set starting_policy='sft'")
         log(stage="sft", loaded=str(cached))
-        return load_policy(cached, **({"base": cfg.policy_path} if cfg.policy == "vlm"
-                                      else {})), None
+        policy = load_policy(cached, **({"base": cfg.policy_path} if cfg.policy == "vlm"
+                                        else {}))
+        policy.value_head_fresh = True  # SFT never trains the value head: it is a fresh one
+        return policy, None
     if src == "shipped":
         raise FileNotFoundError(
             f"no shipped starting policy at {cached}; build it with python "

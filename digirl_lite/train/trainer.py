@@ -395,8 +395,15 @@ class Trainer:
         else:
             self.log(stage="sft", loaded=str(Path(c.starting_policy).expanduser()))
         self.policy.to(self.accelerator.device)
+        self._fresh_value_bias()
         dist.broadcast_parameters(self.policy.model)  # one policy on every process
         self.actor_opt = self._actor_optimizer()
+
+    def _fresh_value_bias(self) -> None:
+        """A value head that starts fresh gets ``value_bias`` (A.6's 0.1 by default)."""
+        if self.policy.value_head_fresh:
+            with torch.no_grad():
+                self.policy.value_head.linear.bias.fill_(self.cfg.value_bias)
 
     def save_starting_policy(self, directory: str | Path) -> Path:
         """Save the policy with the SFT key it was built under (``sft.json``)."""
