@@ -66,14 +66,16 @@ def image_tokens(width: int, height: int, patch: int = 14, merge: int = 2) -> in
     return (w // patch) * (h // patch) // (merge * merge)
 
 
-def build(size: str, device: str = "meta"):
+def build(size: str, device: str = "meta", token_ids: dict[str, int] | None = None):
+    """The model at ``size`` on ``device`` (random weights; ``token_ids``: the special
+    tokens' ids of the tokenizer it will be fed)."""
     import torch
     from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration
 
     s = SIZES[size]
     config = Qwen2VLConfig(text_config=dict(s["text_config"]),
                            vision_config=dict(s["vision_config"]),
-                           tie_word_embeddings=s["tie_word_embeddings"])
+                           tie_word_embeddings=s["tie_word_embeddings"], **(token_ids or {}))
     with torch.device(device):
         return Qwen2VLForConditionalGeneration(config), config
 
@@ -126,22 +128,24 @@ def measure(size: str, batch: int, image: tuple[int, int], lora: dict) -> dict:
 
     if not torch.cuda.is_available():
         raise SystemExit("--measure needs a CUDA device")
-    from digirl_lite.policy.updates import text_mle_update
-    from digirl_lite.policy.vlm import _with_lora
-
-    model, _ = build(size, device="cuda")
-    model = _with_lora(model.to(torch.bfloat16), lora)
-    model.gradient_checkpointing_enable()
-    model.enable_input_require_grads()
     # the inputs of a real checkpoint without one: the tiny VLM's tokenizer and processor
+    # (the model is told their special tokens' ids)
     import tempfile
 
     from digirl_lite.policy.tiny_vlm import make_tiny_vlm
-    from digirl_lite.policy.vlm import VLMPolicy, _Inputs
+    from digirl_lite.policy.updates import text_mle_update
+    from digirl_lite.policy.vlm import VLMPolicy, _Inputs, _with_lora
 
     with tempfile.TemporaryDirectory() as tmp:
         d = make_tiny_vlm(Path(tmp) / "tiny")
         inputs = _Inputs(d, "qwen2_vl")
+    ids = {f"{k}_token_id": inputs.tokenizer.convert_tokens_to_ids(t) for k, t in
+           (("image", "<|image_pad|>"), ("video", "<|video_pad|>"),
+            ("vision_start", "<|vision_start|>"), ("vision_end", "<|vision_end|>"))}
+    model, _ = build(size, device="cuda", token_ids=ids)
+    model = _with_lora(model.to(torch.bfloat16), lora)
+    model.gradient_checkpointing_enable()
+    model.enable_input_require_grads()
     policy = VLMPolicy(model, inputs, base="random", lora=lora, image_size=image,
                        device="cuda")
     opt = torch.optim.AdamW(policy.parameters(), lr=1e-4)

@@ -66,6 +66,9 @@ def test_recorded_log_probs_are_the_scored_ones_and_only_lora_has_gradients(
         tiny_vlm, observations):
     prompts, shots = observations
     p = _policy(tiny_vlm)
+    # a checkpoint's own generation settings must not reshape what is sampled
+    p.model.generation_config.repetition_penalty = 1.3
+    p.model.generation_config.suppress_tokens = [5, 6, 7]
     drawn = p.sample(prompts, shots, max_new_tokens=16, generator_seed=1)
     lp, values, mask = p.token_ids_log_probs_and_values(prompts, shots,
                                                         [s.token_ids for s in drawn])
@@ -119,8 +122,11 @@ def test_save_and_load_round_trip_exactly_and_merge_on_request(tiny_vlm, observa
     meta = json.loads((d / "digirl_policy.json").read_text())
     assert meta["kind"] == "vlm" and meta["lora"]["r"] == 4
     assert not list(d.glob("**/model.safetensors"))  # the adapters alone, not the base
+    assert meta["dtype"] == "fp32" and meta["base"] == str(tiny_vlm.resolve())
     q = load_policy(d)
     assert isinstance(q, VLMPolicy) and not q.value_head_fresh
+    assert not q.model.is_gradient_checkpointing
+    assert load_policy(d, gradient_checkpointing=True).model.is_gradient_checkpointing
     for (n, a), (m, b) in zip(p.model.state_dict().items(), q.model.state_dict().items()):
         assert n == m and torch.equal(a, b)
     assert torch.equal(p.value_head.linear.bias, q.value_head.linear.bias)
@@ -167,6 +173,12 @@ def test_configs_that_cannot_work_name_the_field(tiny_vlm, tmp_path):
         sim_quick(policy_path=str(tiny_vlm))
     with pytest.raises(ConfigError, match="vlm_dtype 'bf16' is for a GPU"):
         sim_quick(policy="vlm", policy_path=str(tiny_vlm), vlm_dtype="bf16")
+    with pytest.raises(ConfigError, match="vlm_dtype='bf16': algorithm='ppo'"):
+        sim_quick(policy="vlm", policy_path=str(tiny_vlm), vlm_dtype="bf16", device="cuda",
+                  algorithm="ppo")
+    with pytest.raises(ConfigError, match="lora.dropout=0.1: algorithm='grpo'"):
+        sim_quick(policy="vlm", policy_path=str(tiny_vlm), algorithm="grpo",
+                  lora={"r": 8, "alpha": 16, "dropout": 0.1, "target_modules": ["q_proj"]})
     with pytest.raises(ConfigError, match="lora must hold"):
         sim_quick(policy="vlm", policy_path=str(tiny_vlm), lora={"rank": 8})
     t5 = tmp_path / "t5"

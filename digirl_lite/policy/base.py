@@ -106,8 +106,8 @@ def policy_kind(directory: str | Path) -> str | None:
 
 
 def load_policy(directory: str | Path, device: str = "cpu", **kw: Any) -> Policy:
-    """Open a policy saved by either implementation's ``save`` (``kw``: the VLM's
-    ``base``, when its base model has moved)."""
+    """Open a policy saved by either implementation's ``save`` (``kw``: the VLM's ``base``
+    when its base model has moved, ``dtype``, ``gradient_checkpointing``)."""
     kind = policy_kind(directory)
     if kind == "vlm":
         from digirl_lite.policy.vlm import VLMPolicy
@@ -116,5 +116,8 @@ def load_policy(directory: str | Path, device: str = "cpu", **kw: Any) -> Policy
     if kind == "autoui":
         from digirl_lite.policy.policy import AutoUIPolicy
 
+        if kw:
+            raise ValueError(f"{directory} holds an Auto-UI policy: {sorted(kw)} are the "
+                             "VLM's")
         return AutoUIPolicy.load(directory, device=device)
     raise ValueError(f"{directory} holds no saved policy (no {POLICY_FILE})")

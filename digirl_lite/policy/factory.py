@@ -16,7 +16,17 @@ from typing import Any
 from digirl_lite.errors import ConfigError
 from digirl_lite.policy.base import POLICY_FILE, Policy, policy_kind
 
-__all__ = ["initial_policy", "fresh_policy"]
+__all__ = ["initial_policy", "fresh_policy", "load_kwargs"]
+
+
+def load_kwargs(c: Any) -> dict[str, Any]:
+    """What :func:`~digirl_lite.policy.base.load_policy` needs from the config to open a
+    saved policy of this run as the run builds it (a VLM: its base, precision and gradient
+    checkpointing; nothing for Auto-UI)."""
+    if c.policy != "vlm":
+        return {}
+    return {"base": c.policy_path, "dtype": c.vlm_dtype,
+            "gradient_checkpointing": c.gradient_checkpointing}
 
 
 def fresh_policy(c: Any) -> Policy:
@@ -53,7 +63,7 @@ def initial_policy(c: Any) -> Policy:
                               "from a saved VLM policy (or 'sft', 'shipped': the model at "
                               "policy_path)")
         try:
-            return VLMPolicy.load(d, base=c.policy_path)
+            return VLMPolicy.load(d, **load_kwargs(c))
         except (OSError, ValueError) as e:
             raise ConfigError(f"starting_policy {str(d)!r}: {e}") from None
     if d is None:

@@ -93,8 +93,13 @@ class _Inputs:
     image's merged patches, as ``Qwen2VLProcessor`` does."""
 
     def __init__(self, directory: Path, model_type: str) -> None:
+        import threading
+
         from transformers import AutoImageProcessor, AutoProcessor, AutoTokenizer
 
+        # a fast tokenizer rewrites its padding settings on every call: the learner and the
+        # async learner's collecting thread (which share these inputs) take turns
+        self.lock = threading.Lock()
         self.processor = None
         try:
             self.processor = AutoProcessor.from_pretrained(str(directory))
@@ -113,6 +118,28 @@ class _Inputs:
             self.tokenizer.pad_token = self.tokenizer.eos_token
 
     def __call__(self, texts: list[str], images: list[Any]) -> dict[str, torch.Tensor]:
+        with self.lock:
+            return self._call(texts, images)
+
+    def chat(self, messages: list[dict[str, Any]]) -> str:
+        """The prompt text of ``messages`` by the processor's chat template (which places
+        the image), else the tokenizer's."""
+        with self.lock:
+            owner = self.processor if self.processor is not None and \
+                getattr(self.processor, "chat_template", None) else self.tokenizer
+            return owner.apply_chat_template(messages, tokenize=False,
+                                             add_generation_prompt=True)
+
+    def encode_actions(self, texts: list[str]) -> list[list[int]]:
+        with self.lock:
+            return [list(r) for r in self.tokenizer(texts, add_special_tokens=False,
+                                                    padding=False)["input_ids"]]
+
+    def decode(self, ids: list[int]) -> str:
+        with self.lock:
+            return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def _call(self, texts: list[str], images: list[Any]) -> dict[str, torch.Tensor]:
         if self.processor is not None:
             return dict(self.processor(text=texts, images=images, return_tensors="pt",
                                        padding=True))
@@ -190,28 +217,26 @@ class VLMPolicy:
         trains), initialised from ``seed``."""
         from transformers import AutoModelForImageTextToText
 
-        d = Path(directory).expanduser()
+        d = Path(directory).expanduser().resolve()
         config = check_vlm_dir(d)
-        torch_dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype]
-        model = AutoModelForImageTextToText.from_pretrained(str(d), dtype=torch_dtype,
+        model = AutoModelForImageTextToText.from_pretrained(str(d), dtype=_DTYPES[dtype],
                                                             local_files_only=True)
         inputs = _Inputs(d, config["model_type"])
         lora = dict(DEFAULT_LORA if lora is None else {**DEFAULT_LORA, **lora})
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
             model = _with_lora(model, lora)
-        if gradient_checkpointing:
-            model.gradient_checkpointing_enable()
-            if hasattr(model, "enable_input_require_grads"):
-                model.enable_input_require_grads()
+        _checkpointing(model, gradient_checkpointing)
         return cls(model, inputs, base=d, lora=lora if lora["r"] else None,
                    image_size=image_size, system_prompt=system_prompt, device=device)
 
     @classmethod
     def load(cls, directory: str | Path, device: str = "cpu",
-             base: str | Path | None = None) -> VLMPolicy:
+             base: str | Path | None = None, dtype: str | None = None,
+             gradient_checkpointing: bool = False) -> VLMPolicy:
         """What :meth:`save` wrote: the base model (``base``, else the path it was saved
-        with) and the adapters, or the full weights of a fully fine-tuned or merged one."""
+        with) and the adapters, or the full weights of a fully fine-tuned or merged one; in
+        ``dtype`` ("fp32" / "bf16"; None: the one it was saved in)."""
         from safetensors.torch import load_file
         from transformers import AutoModelForImageTextToText
 
@@ -219,24 +244,27 @@ class VLMPolicy:
         meta = json.loads((d / POLICY_FILE).read_text())
         if meta.get("kind") != "vlm":
             raise ValueError(f"{d} holds a {meta.get('kind', 'autoui')!r} policy, not a VLM")
+        torch_dtype = _DTYPES[dtype or meta.get("dtype", "fp32")]
         if meta["lora"]:
             from peft import PeftModel
 
-            b = Path(base or meta["base"]).expanduser()
+            b = Path(base or meta["base"]).expanduser().resolve()
             config = check_vlm_dir(b, "the VLM policy's base model")
-            model = AutoModelForImageTextToText.from_pretrained(str(b), local_files_only=True)
+            model = AutoModelForImageTextToText.from_pretrained(str(b), dtype=torch_dtype,
+                                                                local_files_only=True)
             model = PeftModel.from_pretrained(model, str(d / _ADAPTER_DIR), is_trainable=True)
         else:
             b = d / _MODEL_DIR
             config = check_vlm_dir(b, "the VLM policy's weights")
-            model = AutoModelForImageTextToText.from_pretrained(str(b), local_files_only=True)
-        inputs = _Inputs(b if not meta["lora"] else Path(base or meta["base"]).expanduser(),
-                         config["model_type"])
+            model = AutoModelForImageTextToText.from_pretrained(str(b), dtype=torch_dtype,
+                                                                local_files_only=True)
+        _checkpointing(model, gradient_checkpointing)
+        inputs = _Inputs(b, config["model_type"])
         hidden = _text_config(model.config)["hidden_size"]
         head = ValueHead(hidden)
         state = load_file(str(d / _VALUE_FILE))
         head.load_state_dict({k.removeprefix("value_head."): v for k, v in state.items()})
-        p = cls(model, inputs, base=meta["base"] if meta["lora"] else b, lora=meta["lora"],
+        p = cls(model, inputs, base=b, lora=meta["lora"],
                 image_size=meta["image_size"], system_prompt=meta["system_prompt"],
                 device=device, value_head=head)
         p.value_head_fresh = False
@@ -258,6 +286,7 @@ class VLMPolicy:
                    for k, v in self.value_head.state_dict().items()}, str(d / _VALUE_FILE))
         (d / POLICY_FILE).write_text(json.dumps({
             "kind": "vlm", "base": self.base, "lora": self.lora,
+            "dtype": {v: k for k, v in _DTYPES.items()}[next(self.model.parameters()).dtype],
             "image_size": list(self.image_size), "system_prompt": self.system_prompt,
             "value_head": True}, indent=1))
         return d
@@ -291,11 +320,10 @@ class VLMPolicy:
 
     # -- inputs ---------------------------------------------------------------------------
     def _texts(self, prompts: Sequence[str]) -> list[str]:
-        tok = self.inputs.tokenizer
-        return [tok.apply_chat_template(
+        return [self.inputs.chat(
             [{"role": "system", "content": [{"type": "text", "text": self.system_prompt}]},
-             {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": p}]}],
-            tokenize=False, add_generation_prompt=True) for p in prompts]
+             {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": p}]}])
+            for p in prompts]
 
     def _images(self, screens: Any) -> list[Any]:
         from PIL import Image
@@ -335,7 +363,7 @@ class VLMPolicy:
                constrained: bool = False) -> list[Sample]:
         """One reply per prompt (temperature 0: greedy), with its token ids (eos included)
         and their log-probabilities as drawn."""
-        from transformers import LogitsProcessorList
+        from transformers import GenerationConfig, LogitsProcessorList
 
         if len(prompts) == 0:
             return []
@@ -359,10 +387,15 @@ class VLMPolicy:
         if generator_seed is not None:
             state = torch.random.get_rng_state()
             torch.manual_seed(generator_seed)
+        # a clean generation config: a checkpoint's own (repetition_penalty, suppressed
+        # tokens, ...) would reshape the distribution before the sampler, so the recorded
+        # log-probabilities would not be the model's that log_prob scores
+        gen_cfg = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=False,
+                                   eos_token_id=self.eos_token_id,
+                                   pad_token_id=self.pad_token_id)
         try:
             out = self.model.generate(
-                **enc, max_new_tokens=max_new_tokens, do_sample=False,
-                eos_token_id=self.eos_token_id, pad_token_id=self.pad_token_id,
+                **enc, generation_config=gen_cfg,
                 logits_processor=LogitsProcessorList(processors) if processors else None)
         finally:
             if state is not None:
@@ -375,7 +408,7 @@ class VLMPolicy:
             row = gen[b].tolist()
             n = row.index(self.eos_token_id) + 1 if self.eos_token_id in row else len(row)
             ids = row[:n]
-            text = self.inputs.tokenizer.decode(ids, skip_special_tokens=True).strip("\n")
+            text = self.inputs.decode(ids).strip("\n")
             lp = tuple(float(x) for x in logp[b, :n]) if logp is not None else None
             samples.append(Sample(text, tuple(ids), lp))
         return samples
@@ -403,8 +436,8 @@ class VLMPolicy:
             if any(len(t) == 0 for t in token_ids):
                 raise ValueError("every action has at least one token (its eos)")
             return [list(t) for t in token_ids]
-        enc = self.inputs.tokenizer(list(actions or ()), add_special_tokens=False)
-        return [list(ids) + [self.eos_token_id] for ids in enc["input_ids"]]
+        return [ids + [self.eos_token_id]
+                for ids in self.inputs.encode_actions(list(actions or ()))]
 
     def _score(self, prompts: Sequence[str], screens: Any, actions: Sequence[str] | None,
                clamp: tuple[float, float] | None = None, values: bool = False,
@@ -451,6 +484,16 @@ class VLMPolicy:
                 v = self.value_head(hidden) * mask
                 vparts.append(torch.nn.functional.pad(v, (0, t_max - al)))
         return (torch.cat(parts), torch.cat(vparts) if values else None, torch.cat(masks))
+
+
+_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+def _checkpointing(model, on: bool) -> None:
+    if on:
+        model.gradient_checkpointing_enable()
+        if hasattr(model, "enable_input_require_grads"):  # LoRA: the frozen embeddings
+            model.enable_input_require_grads()
 
 
 def _text_config(config: Any) -> dict[str, Any]:

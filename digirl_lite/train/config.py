@@ -539,6 +539,15 @@ class DigiRLConfig:
                               "log-probabilities under the distribution it scores, and the "
                               "grammar mask changes them; run it with constrained_decoding "
                               "false")
+        if self.policy == "vlm" and self.vlm_dtype != "fp32":
+            raise ConfigError(f"vlm_dtype={self.vlm_dtype!r}: algorithm={a!r} needs the "
+                              "recorded log-probabilities to be the scored ones, and a bf16 "
+                              "model samples (with a key-value cache) and scores (one "
+                              "forward) with different roundings; use vlm_dtype 'fp32'")
+        if self.policy == "vlm" and self.lora.get("dropout", 0.0):
+            raise ConfigError(f"lora.dropout={self.lora['dropout']}: algorithm={a!r} scores "
+                              "the sampled tokens in training mode, where dropout changes "
+                              "them; use lora dropout 0")
         if self.actor_precision != "fp32":
             raise ConfigError(f"actor_precision={self.actor_precision!r}: algorithm={a!r} "
                               "compares probabilities across a bf16 forward and the "

@@ -65,6 +65,7 @@ def starting_policy(cfg: Any, *, features: Any, cache_dir: Path | None, device: 
     here). Returns (policy, seconds of SFT or None when loaded)."""
     from digirl_lite.paths import data_dir
     from digirl_lite.policy.base import load_policy
+    from digirl_lite.policy.factory import load_kwargs
 
     src = cfg.starting_policy
     key = sft_key(cfg)
@@ -78,8 +79,7 @@ def starting_policy(cfg: Any, *, features: Any, cache_dir: Path | None, device: 
                 f"{cached} was built with other SFT settings (key {made}, this run {key}); "
                 "rebuild it with recipes/make_starting_policy.py or set starting_policy='sft'")
         log(stage="sft", loaded=str(cached))
-        policy = load_policy(cached, **({"base": cfg.policy_path} if cfg.policy == "vlm"
-                                        else {}))
+        policy = load_policy(cached, **load_kwargs(cfg))
         policy.value_head_fresh = True  # SFT never trains the value head: it is a fresh one
         return policy, None
     if src == "shipped":

@@ -385,6 +385,8 @@ class Trainer:
         elif c.starting_policy in ("sft", "shipped"):
             from digirl_lite.train.starting import starting_policy
 
+            if c.policy == "vlm":  # not two copies of a VLM's weights at once
+                self.policy = self.actor_opt = None
             self.policy, seconds = starting_policy(
                 c, features=self.features, cache_dir=self.cache_dir,
                 device=self.accelerator.device, process_index=self.accelerator.process_index,
@@ -1142,6 +1144,7 @@ class Trainer:
 
         from digirl_lite.data.store import load_trajectories
         from digirl_lite.policy.base import load_policy
+        from digirl_lite.policy.factory import load_kwargs
 
         root = self.out / "checkpoints"
         latest = root / "latest"
@@ -1167,8 +1170,7 @@ class Trainer:
                 f"{self.out} was run with another configuration:\n  {lines}\nresume with "
                 "the same settings, or pass --allow-config-change (allow_config_change=True)"
                 " to go on under the new ones")
-        self.policy = load_policy(d / "policy", **({"base": self.cfg.policy_path}
-                                                    if self.cfg.policy == "vlm" else {})
+        self.policy = load_policy(d / "policy", **load_kwargs(self.cfg)
                                   ).to(self.accelerator.device)
         tensors = torch.load(d / "state.pt", map_location="cpu", weights_only=True)
         self.step_critic.load_state_dict(tensors["step_critic"])

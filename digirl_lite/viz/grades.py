@@ -372,7 +372,8 @@ class OnPolicyGrader:
             raise FileNotFoundError(f"{run.path} has no checkpoint with a policy")
         c = run.config
         algorithm = c.get("algorithm", "ppo")
-        policy = load_policy(d / "policy")
+        policy = load_policy(d / "policy", **({"base": c["policy_path"]}
+                                              if c.get("policy") == "vlm" else {}))
         if algorithm == "ppo" and policy.value_head_fresh:
             raise ValueError(f"{d / 'policy'} has no value head: nothing to show for PPO")
         if image_encoder is None and c.get("image_encoder", "sim") == "sim":
