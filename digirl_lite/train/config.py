@@ -170,7 +170,7 @@ class DigiRLConfig:
     """"sft" (fine-tune on the simulator's expert demonstrations, cached), "shipped" (the
     checkpoint ``policies/sft-<world>`` shipped in the package's ``assets/``, built by
     recipes/make_starting_policy.py with these same SFT settings), or a directory: a saved
-    AutoUIPolicy or a real Auto-UI checkpoint. With policy "vlm": "sft" fine-tunes the model
+    Auto-UI policy or a real Auto-UI checkpoint. With policy "vlm": "sft" fine-tunes the model
     at ``policy_path`` on the demonstrations (cached); "shipped" starts from the model at
     ``policy_path`` as it is (nothing of the VLM is shipped; the run says so); a directory
     is a saved VLM policy (its adapters) on the base at ``policy_path``."""

@@ -331,7 +331,7 @@ class OnPolicyGrader:
     """A PPO or GRPO run's policy (and value head) with its learner settings.
 
     Args:
-        policy: an :class:`~digirl_lite.policy.AutoUIPolicy` (PPO: with its trained value
+        policy: a :class:`~digirl_lite.policy.base.Policy` (PPO: with its trained value
             head).
         algorithm: ``"ppo"`` or ``"grpo"`` (the run's ``algorithm``).
         gamma: the run's ``ppo_gamma``.
