@@ -387,17 +387,21 @@ class VLMPolicy:
         if generator_seed is not None:
             state = torch.random.get_rng_state()
             torch.manual_seed(generator_seed)
-        # a clean generation config: a checkpoint's own (repetition_penalty, suppressed
-        # tokens, ...) would reshape the distribution before the sampler, so the recorded
-        # log-probabilities would not be the model's that log_prob scores
-        gen_cfg = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=False,
-                                   eos_token_id=self.eos_token_id,
-                                   pad_token_id=self.pad_token_id)
+        # a clean generation config in place of the checkpoint's own for the call: its
+        # repetition_penalty, suppressed tokens, ... would reshape the distribution before
+        # the sampler (transformers fills every field a passed config leaves unset from the
+        # model's), so the recorded log-probabilities would not be those log_prob scores
+        owner = self.model.get_base_model() if hasattr(self.model, "get_base_model") \
+            else self.model
+        saved = owner.generation_config
+        owner.generation_config = GenerationConfig(eos_token_id=self.eos_token_id,
+                                                   pad_token_id=self.pad_token_id)
         try:
             out = self.model.generate(
-                **enc, generation_config=gen_cfg,
+                **enc, max_new_tokens=max_new_tokens, do_sample=False,
                 logits_processor=LogitsProcessorList(processors) if processors else None)
         finally:
+            owner.generation_config = saved
             if state is not None:
                 torch.random.set_rng_state(state)
             self.model.train(was_training)
