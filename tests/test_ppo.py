@@ -293,3 +293,18 @@ def test_grpo_leaves_infrastructure_truncations_out_of_their_group(tmp_path):
                        traj("cut", 0, Ending.INFRA, "device lost")])
     assert [r[0].screen_id for r in rows] == ["win-0", "loss-0"]
     assert [r[3][0] for r in rows] == pytest.approx([1.0, -1.0], abs=1e-4)  # std + eps
+
+
+def test_value_bias_sets_a_fresh_heads_bias_and_only_ppo_reads_it(tmp_path):
+    """A.6's ablation by config: the fresh value head's output bias (0.1 by default; 0 with
+    no warm-up is the setting A.6 says collapses)."""
+    from digirl_lite.train.config import sim_quick
+    from digirl_lite.train.trainer import Trainer
+
+    for bias in (0.1, 0.0):
+        t = Trainer(sim_quick(algorithm="ppo", value_bias=bias), tmp_path / f"b{bias}",
+                    cache_dir=None, progress=False)
+        t.build_starting_policy()  # the shipped policy has no value head: a fresh one
+        assert float(t.policy.value_head.linear.bias) == pytest.approx(bias)
+    with pytest.raises(ValueError, match="value_bias"):
+        sim_quick(value_bias=0.0)  # DigiRL has no value head

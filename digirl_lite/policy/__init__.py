@@ -1,4 +1,6 @@
-"""The AutoUI policy: a multimodal T5 (``AutoUIModel``) and its wrapper ``AutoUIPolicy``.
+"""The policies: the :class:`Policy` protocol the library uses (``base``), Auto-UI (a
+multimodal T5, ``AutoUIModel``, and its wrapper ``AutoUIPolicy``) and ``VLMPolicy`` (any
+local Hugging Face vision-language model, LoRA); ``factory`` builds the one a config asks for.
 
 Imported lazily: ``import digirl_lite.policy`` does not import torch until a name is used.
 """
@@ -8,6 +10,11 @@ from __future__ import annotations
 from digirl_lite._lazy import lazy_exports
 
 _NAMES = {
+    "Policy": "digirl_lite.policy.base",
+    "policy_inputs": "digirl_lite.policy.base",
+    "load_policy": "digirl_lite.policy.base",
+    "VLMPolicy": "digirl_lite.policy.vlm",
+    "make_tiny_vlm": "digirl_lite.policy.tiny_vlm",
     "AutoUIPolicy": "digirl_lite.policy.policy",
     "SIM_PRESET": "digirl_lite.policy.policy",
     "REFERENCE_CLAMP": "digirl_lite.policy.policy",

@@ -399,22 +399,28 @@ class ActionLogitsProcessor(LogitsProcessor):
         max_new_tokens: the generation's cap; an action must end within it.
     """
 
-    def __init__(self, vocabulary: ActionVocabulary, max_new_tokens: int) -> None:
+    def __init__(self, vocabulary: ActionVocabulary, max_new_tokens: int,
+                 prompt_length: int = 1) -> None:
         self.vocab = vocabulary
         self.max_new_tokens = int(max_new_tokens)
+        # ids before the action in generate()'s input_ids: an encoder-decoder's decoder
+        # start token (1), a decoder-only model's whole (left-padded) prompt
+        self.prompt_length = int(prompt_length)
         self._states: list[State] | None = None
         self._length = -1
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-        # input_ids: (B, t) decoder ids, the decoder start token first; scores: (B, V_model)
+        # input_ids: (B, t) the prompt_length ids before the action, then the action's so
+        # far; scores: (B, V_model)
         batch, t = input_ids.shape
+        p = self.prompt_length
         if self._states is not None and t == self._length + 1 and len(self._states) == batch:
             last = input_ids[:, -1].tolist()
             self._states = [self.vocab.advance(s, tok) for s, tok in zip(self._states, last)]
         else:
-            self._states = [self.vocab.feed_ids(row[1:]) for row in input_ids.tolist()]
+            self._states = [self.vocab.feed_ids(row[p:]) for row in input_ids.tolist()]
         self._length = t
-        budget = self.max_new_tokens - t  # tokens that may follow this one
+        budget = self.max_new_tokens - (t - p + 1)  # tokens that may follow this one
         rows: dict[State, torch.Tensor] = {}
         for s in self._states:
             if s not in rows:
@@ -426,6 +432,9 @@ class ActionLogitsProcessor(LogitsProcessor):
         return scores.masked_fill(~mask.to(scores.device), float("-inf"))
 
 
-def action_logits_processor(tokenizer: Any, max_new_tokens: int) -> ActionLogitsProcessor:
-    """A fresh processor for one ``generate`` call (the tokenizer's tables are shared)."""
-    return ActionLogitsProcessor(_vocabulary(tokenizer), max_new_tokens)
+def action_logits_processor(tokenizer: Any, max_new_tokens: int,
+                            prompt_length: int = 1) -> ActionLogitsProcessor:
+    """A fresh processor for one ``generate`` call (the tokenizer's tables are shared);
+    ``prompt_length``: the ids before the action in ``generate``'s input_ids (1, the
+    decoder start token, for Auto-UI's T5; the padded prompt for a decoder-only VLM)."""
+    return ActionLogitsProcessor(_vocabulary(tokenizer), max_new_tokens, prompt_length)

@@ -45,9 +45,7 @@ def text_token_ids(policy, texts: Sequence[str]) -> list[tuple[int, ...]]:
     """Each string's tokenisation by ``policy``'s tokenizer (eos included, no pads)."""
     if not texts:
         return []
-    enc = policy.tokenizer(list(texts), max_length=None)
-    return [tuple(int(x) for x, m in zip(row, mask) if m)
-            for row, mask in zip(enc["input_ids"].tolist(), enc["attention_mask"].tolist())]
+    return policy.action_token_ids(list(texts))
 
 
 def token_ids(policy, steps: Sequence[Step]) -> list[tuple[int, ...]]:
@@ -68,7 +66,7 @@ def token_values(policy, steps: Sequence[Step], ids: Sequence[Sequence[int]],
     with torch.no_grad():
         for a in range(0, len(steps), 64):
             chunk = steps[a:a + 64]
-            prompts, feats, _ = steps_to_batch(chunk, screens)
+            prompts, feats, _ = steps_to_batch(chunk, screens, policy)
             _, v, _ = policy.token_ids_log_probs_and_values(prompts, feats, ids[a:a + 64])
             out += [v[i, :len(t)].float().cpu().numpy() for i, t in enumerate(ids[a:a + 64])]
     return out

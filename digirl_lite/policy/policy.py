@@ -35,7 +35,7 @@ SIM_PRESET: dict[str, Any] = {
     "img_scale": 0.05,
 }
 
-_POLICY_FILE = "digirl_policy.json"
+from digirl_lite.policy.base import POLICY_FILE as _POLICY_FILE  # noqa: E402
 
 
 class Sample(NamedTuple):
@@ -93,6 +93,9 @@ class AutoUIPolicy:
             default; ``value_head_fresh`` says whether it was trained or loaded).
     """
 
+    screen_input = "features"
+    """It reads a frozen encoder's image features (:class:`~digirl_lite.policy.base.Policy`)."""
+
     bucket_rows: int = 32
     """:meth:`log_prob` scores rows in length-sorted buckets of this many (measured on the
     simulator's actor update, batch 128: see benchmarks/bench_actor.py)."""
@@ -125,6 +128,15 @@ class AutoUIPolicy:
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.model.parameters())
+
+    def action_token_ids(self, texts: Sequence[str]) -> list[tuple[int, ...]]:
+        """Each action string's token ids as the policy writes it (eos included)."""
+        if not texts:
+            return []
+        enc = self.tokenizer(list(texts), max_length=None)
+        return [tuple(int(x) for x, m in zip(row, mask) if m)
+                for row, mask in zip(enc["input_ids"].tolist(),
+                                     enc["attention_mask"].tolist())]
 
     # -- inference ----------------------------------------------------------------------
     def _encode_prompts(self, prompts: Sequence[str]) -> dict[str, torch.Tensor]:
@@ -325,7 +337,7 @@ class AutoUIPolicy:
         save_file({f"value_head.{k}": v.detach().contiguous()
                    for k, v in self.value_head.state_dict().items()}, str(d / _VALUE_FILE))
         (d / _POLICY_FILE).write_text(json.dumps({
-            "tokenizer": kind, "max_prompt_tokens": self.max_prompt_tokens,
+            "kind": "autoui", "tokenizer": kind, "max_prompt_tokens": self.max_prompt_tokens,
             "untied_lm_head": untied, "value_head": True}))
         return d
 

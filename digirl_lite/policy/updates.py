@@ -45,10 +45,15 @@ def actor_precision(policy, precision: str = "fp32"):
             model.set_attn_implementation(impl)
 
 
-def steps_to_batch(steps: Sequence[Step], screens: ScreenTable):
-    """Prompts, (B, d) features of the screen each action was taken on, action strings."""
-    return ([s.prompt for s in steps], screens.features([s.screen_id for s in steps]),
-            [s.action_text for s in steps])
+def steps_to_batch(steps: Sequence[Step], screens: ScreenTable, policy=None):
+    """Prompts, the screen each action was taken on as ``policy`` reads it
+    (:func:`~digirl_lite.policy.base.policy_inputs`; None: (B, d) features), action
+    strings."""
+    from digirl_lite.policy.base import policy_inputs
+
+    ids = [s.screen_id for s in steps]
+    inputs = policy_inputs(policy, ids, screens) if policy is not None else screens.features(ids)
+    return [s.prompt for s in steps], inputs, [s.action_text for s in steps]
 
 
 def mle_update(policy, opt, steps: Sequence[Step], screens: ScreenTable,
@@ -66,7 +71,7 @@ def mle_update(policy, opt, steps: Sequence[Step], screens: ScreenTable,
     are split into this many minibatches whose gradients add up to the one update (the
     released code's gradient accumulation: the same update in less memory).
     """
-    return text_mle_update(policy, opt, *steps_to_batch(steps, screens), grad_clip,
+    return text_mle_update(policy, opt, *steps_to_batch(steps, screens, policy), grad_clip,
                            accelerator, accum, weights)
 
 
@@ -98,9 +103,10 @@ def text_mle_update(policy, opt, prompts: Sequence[str], feats, actions: Sequenc
         else:
             accelerator.backward(loss)
         total += float(loss.detach())
-    average_gradients(policy.model.parameters())  # data parallel: the same step everywhere
+    params = list(policy.parameters())  # the trainable ones (a LoRA policy: its adapters)
+    average_gradients(params)  # data parallel: the same step everywhere
     if grad_clip:
-        torch.nn.utils.clip_grad_norm_(policy.model.parameters(), grad_clip)
+        torch.nn.utils.clip_grad_norm_(params, grad_clip)
     opt.step()
     return total
 
@@ -112,6 +118,8 @@ def _merge_repeats(prompts, feats, actions, w):
     one step in six)."""
     import numpy as np
 
+    if isinstance(feats, list):  # screenshots (a VLM's input): not merged
+        return prompts, feats, actions, w
     f = np.asarray(feats.detach().cpu() if isinstance(feats, torch.Tensor) else feats)
     first: dict[tuple, int] = {}
     rows, share = [], []
@@ -203,9 +211,9 @@ def ppo_update(policy, opt, batch: PPOBatch, *, clip_eps: float = 0.2,
     if update_policy:
         loss = loss + pol + kl_coef * kl
     loss.backward()
-    params = list(policy.model.parameters()) + list(policy.value_head.parameters())
+    params = list(policy.parameters()) + list(policy.value_head.parameters())
     if not update_policy:
-        for p in policy.model.parameters():
+        for p in policy.parameters():
             p.grad = None  # the actor is frozen during the warm-up
     average_gradients(params)
     if grad_clip:

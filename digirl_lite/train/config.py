@@ -22,7 +22,8 @@ STEP_FILTERS = ("paper", "released", "none")  # digirl_lite.filters.STEP_FILTERS
 LEARNERS = ("sync", "async")
 ASYNC_FLEETS = ("async", "ray")  # the fleets with start / take (rollout.async_fleet)
 _PPO = ("ppo_clip_eps", "ppo_epochs", "ppo_minibatch", "kl_coef")  # PPO and GRPO
-_PPO_ONLY = ("ppo_gamma", "ppo_lam", "value_coef", "value_lr", "critic_warmup_updates")
+_PPO_ONLY = ("ppo_gamma", "ppo_lam", "value_coef", "value_lr", "value_bias",
+             "critic_warmup_updates")
 _DIGIRL = ("instruction_filter", "step_filter", "critic_loss", "awr_beta", "awr_max_weight")
 #: fields an algorithm does not read; set away from their defaults, they are an error
 #: (an ablation that would silently change nothing). :func:`with_algorithm` resets them.
@@ -141,12 +142,38 @@ class DigiRLConfig:
     did). Android needs ``android.reset`` "home" and a hard reset: emulators load their
     snapshot (fleet "sync" or "async"), devices send ``android.hard_reset``."""
 
+    # -- the policy (issue 18) ------------------------------------------------------------
+    policy: str = "autoui"
+    """The agent: "autoui" (Auto-UI's T5 reading a frozen encoder's image features: the
+    simulator preset, or a real Auto-UI checkpoint as ``starting_policy``) or "vlm" (a
+    Hugging Face image-text-to-text model at ``policy_path`` that reads the screenshot with
+    its own vision tower, trained with LoRA: :mod:`digirl_lite.policy.vlm`)."""
+    policy_path: str | None = None
+    """policy "vlm": the base model's local directory (a Qwen2-VL / Qwen2.5-VL / ...
+    checkpoint, or what recipes/make_tiny_vlm.py writes). Nothing is downloaded."""
+    lora: dict[str, Any] = field(default_factory=lambda: {
+        "r": 8, "alpha": 16, "dropout": 0.0,
+        "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"]})
+    """policy "vlm": LoRA adapters (peft) on these modules, the only weights that train;
+    ``r`` 0: full fine-tuning instead (every weight trains)."""
+    vlm_image_size: list[int] = field(default_factory=lambda: [270, 570])
+    """policy "vlm": (width, height) every screenshot is resized to before the model's own
+    image processor: by default a quarter of the phone's 1080 x 2280 (the tiny VLM's image
+    processor then makes 200 image tokens of it; a real Qwen2-VL ~200 as well)."""
+    vlm_dtype: str = "fp32"
+    """policy "vlm": the weights' precision, "fp32" or "bf16" (on a GPU)."""
+    gradient_checkpointing: bool = False
+    """policy "vlm": recompute activations in the backward pass (less memory, ~30% slower)."""
+
     # -- starting policy (the AutoUI role: a copier of people) -----------------------------
     starting_policy: str = "sft"
     """"sft" (fine-tune on the simulator's expert demonstrations, cached), "shipped" (the
     checkpoint ``policies/sft-<world>`` shipped in the package's ``assets/``, built by
     recipes/make_starting_policy.py with these same SFT settings), or a directory: a saved
-    AutoUIPolicy or a real Auto-UI checkpoint."""
+    Auto-UI policy or a real Auto-UI checkpoint. With policy "vlm": "sft" fine-tunes the model
+    at ``policy_path`` on the demonstrations (cached); "shipped" starts from the model at
+    ``policy_path`` as it is (nothing of the VLM is shipped; the run says so); a directory
+    is a saved VLM policy (its adapters) on the base at ``policy_path``."""
     sft_seed: int = 0
     """Seed of the starting policy (demonstrations, initialisation, batches). Separate from
     ``seed``: as in the paper, every run seed starts from the same starting checkpoint."""
@@ -277,6 +304,11 @@ class DigiRLConfig:
     measured on the quick preset's pile (24 attempts), a fresh head's token-mean MSE to the
     Monte-Carlo returns went 0.477 -> 0.281 in Darwin's 30 warm-up updates at the actor's
     1e-4, -> 0.207 at 3e-4 and -> 0.171 at 1e-3."""
+    value_bias: float = 0.1
+    """The output bias of a fresh value head (DARWIN.md A.6: 0.1; A.6 reports that a
+    randomly initialised critic with neither this bias nor ``critic_warmup_updates``
+    collapsed the policy: ``value_bias`` 0 with ``critic_warmup_updates`` 0 is that setting).
+    A head loaded with its policy keeps its own."""
     kl_coef: float = 0.0
     """Weight of the k3 KL to the sampling policy (0: off, the clip alone keeps updates
     small; the KL is logged either way)."""
@@ -366,6 +398,7 @@ class DigiRLConfig:
                              f"got {self.actor_precision!r}")
         if self.algorithm in ("ppo", "grpo"):
             self._check_on_policy()
+        self._check_policy()
         if self.critic_loss not in ("ce", "mse"):
             raise ValueError(f"critic_loss must be 'ce' or 'mse', got {self.critic_loss!r}")
         if not 0 < self.awr_beta < float("inf"):
@@ -467,6 +500,27 @@ class DigiRLConfig:
                               f"load from this process, which fleet={self.fleet!r} workers "
                               "cannot reach; use fleet 'sync' or 'async'")
 
+    def _check_policy(self) -> None:
+        if self.policy not in ("autoui", "vlm"):
+            raise ConfigError(f"policy must be 'autoui' or 'vlm', got {self.policy!r}")
+        if self.policy == "autoui":
+            if self.policy_path is not None:
+                raise ConfigError("policy_path is the base model of policy 'vlm'; policy "
+                                  "'autoui' loads a checkpoint from starting_policy")
+            return
+        if len(self.vlm_image_size) != 2 or min(self.vlm_image_size) < 28:
+            raise ConfigError(f"vlm_image_size must be [width, height], each >= 28, got "
+                              f"{self.vlm_image_size}")
+        if self.vlm_dtype not in ("fp32", "bf16"):
+            raise ConfigError(f"vlm_dtype must be 'fp32' or 'bf16', got {self.vlm_dtype!r}")
+        if self.vlm_dtype == "bf16" and self.device == "cpu":
+            raise ConfigError("vlm_dtype 'bf16' is for a GPU (device 'cuda'); on a CPU use "
+                              "'fp32'")
+        unknown = set(self.lora) - {"r", "alpha", "dropout", "target_modules"}
+        if unknown or not isinstance(self.lora.get("r", 0), int) or self.lora.get("r", 0) < 0:
+            raise ConfigError(f"lora must hold r (an int >= 0; 0: full fine-tuning), alpha, "
+                              f"dropout and target_modules, got {self.lora}")
+
     def _check_on_policy(self) -> None:
         """PPO's and GRPO's ratio divides the model's own probability of each recorded token
         (temperature 1, no mask, the actor's precision) by the one recorded at sampling: the
@@ -485,6 +539,15 @@ class DigiRLConfig:
                               "log-probabilities under the distribution it scores, and the "
                               "grammar mask changes them; run it with constrained_decoding "
                               "false")
+        if self.policy == "vlm" and self.vlm_dtype != "fp32":
+            raise ConfigError(f"vlm_dtype={self.vlm_dtype!r}: algorithm={a!r} needs the "
+                              "recorded log-probabilities to be the scored ones, and a bf16 "
+                              "model samples (with a key-value cache) and scores (one "
+                              "forward) with different roundings; use vlm_dtype 'fp32'")
+        if self.policy == "vlm" and self.lora.get("dropout", 0.0):
+            raise ConfigError(f"lora.dropout={self.lora['dropout']}: algorithm={a!r} scores "
+                              "the sampled tokens in training mode, where dropout changes "
+                              "them; use lora dropout 0")
         if self.actor_precision != "fp32":
             raise ConfigError(f"actor_precision={self.actor_precision!r}: algorithm={a!r} "
                               "compares probabilities across a bf16 forward and the "
@@ -540,6 +603,8 @@ class DigiRLConfig:
 
         if self.starting_policy not in ("sft", "shipped"):
             need("starting_policy", self.starting_policy)
+        if self.policy == "vlm":
+            need("policy_path (policy 'vlm': the base model's directory)", self.policy_path)
         if self.image_encoder != "sim":
             need("image_encoder (a local BLIP-2 directory)", self.image_encoder)
         if self.text_encoder != "minilm":

@@ -29,9 +29,12 @@ def sft_key(cfg: Any) -> str:
     vocab = SPTokenizer(data_dir() / "tokenizer" / SIM_TOKENIZER_FILE).vocab_size
     # v4: General's demonstrations and drills vary its searches' names (Web Shopping as before)
     version = "sft-v3" if c.world == "webshop" else "sft-v4"
+    policy = (SIM_PRESET, vocab) if c.policy == "autoui" else (
+        "vlm", str(Path(c.policy_path).expanduser().resolve()), c.lora, c.vlm_image_size,
+        c.vlm_dtype)
     return content_key(version, c.world, c.sft_seed, c.sft_demos, c.sft_updates,
                        c.sft_batch, c.sft_lr, c.sft_surprise_rate, c.sft_varied_products,
-                       c.sft_copy_updates, c.sft_copy_share, SIM_PRESET, vocab,
+                       c.sft_copy_updates, c.sft_copy_share, *policy,
                        *((("slip", c.sft_slip_rate),) if c.sft_slip_rate else ()))
 
 
@@ -61,7 +64,8 @@ def starting_policy(cfg: Any, *, features: Any, cache_dir: Path | None, device: 
     with this config's SFT settings) or "sft" (cached by key in ``cache_dir``, else trained
     here). Returns (policy, seconds of SFT or None when loaded)."""
     from digirl_lite.paths import data_dir
-    from digirl_lite.policy import AutoUIPolicy
+    from digirl_lite.policy.base import load_policy
+    from digirl_lite.policy.factory import load_kwargs
 
     src = cfg.starting_policy
     key = sft_key(cfg)
@@ -75,7 +79,9 @@ def starting_policy(cfg: Any, *, features: Any, cache_dir: Path | None, device: 
                 f"{cached} was built with other SFT settings (key {made}, this run {key}); "
                 "rebuild it with recipes/make_starting_policy.py or set starting_policy='sft'")
         log(stage="sft", loaded=str(cached))
-        return AutoUIPolicy.load(cached), None
+        policy = load_policy(cached, **load_kwargs(cfg))
+        policy.value_head_fresh = True  # SFT never trains the value head: it is a fresh one
+        return policy, None
     if src == "shipped":
         raise FileNotFoundError(
             f"no shipped starting policy at {cached}; build it with python "
@@ -100,7 +106,7 @@ def train_sft(cfg: Any, features: Any, *, device: Any = "cpu", process_index: in
 
     import torch
 
-    from digirl_lite.policy import AutoUIPolicy
+    from digirl_lite.policy.factory import fresh_policy
     from digirl_lite.policy.updates import steps_to_batch, text_mle_update
     from digirl_lite.rollout.pile import copy_drills, generate_demos
 
@@ -111,12 +117,17 @@ def train_sft(cfg: Any, features: Any, *, device: Any = "cpu", process_index: in
                                         slip_rate=c.sft_slip_rate)
     features.fill(dscreens)
     steps = [s for t in demos for s in t.steps]
-    policy = AutoUIPolicy.sim_preset(seed=c.sft_seed).to(device)
-    opt = torch.optim.AdamW(policy.model.parameters(), lr=c.sft_lr)
+    policy = fresh_policy(c).to(device)
+    opt = torch.optim.AdamW(policy.parameters(), lr=c.sft_lr)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda u: min(1.0, (u + 1) / 50))
     rng = np.random.default_rng([c.sft_seed, process_index])
     drills = copy_drills(seed=c.sft_seed * 1009 + process_index, world=c.world)
-    no_image = np.zeros((c.sft_batch, policy.img_dim), dtype=np.float32)
+    if policy.screen_input == "features":
+        no_image: Any = np.zeros((c.sft_batch, policy.img_dim), dtype=np.float32)
+    else:  # a VLM's drills show it a blank screen
+        from PIL import Image
+
+        no_image = [Image.new("RGB", tuple(c.vlm_image_size), "white")] * c.sft_batch
     n_drill = int(round(c.sft_copy_share * c.sft_batch))
     total = c.sft_copy_updates + c.sft_updates
     with (bar(total, "sft") if bar else contextlib.nullcontext()) as b:
@@ -127,9 +138,10 @@ def train_sft(cfg: Any, features: Any, *, device: Any = "cpu", process_index: in
             feats = no_image[:k]
             if k < c.sft_batch:
                 batch = [steps[i] for i in rng.integers(0, len(steps), c.sft_batch - k)]
-                bp, bf, ba = steps_to_batch(batch, dscreens)
+                bp, bf, ba = steps_to_batch(batch, dscreens, policy)
                 prompts, actions = prompts + bp, actions + ba
-                feats = np.concatenate([feats, np.asarray(bf, dtype=np.float32)])
+                feats = (list(feats) + list(bf) if isinstance(bf, list) else
+                         np.concatenate([feats, np.asarray(bf, dtype=np.float32)]))
             loss = text_mle_update(policy, opt, prompts, feats, actions, 1.0, accelerator)
             sched.step()
             if b is not None:
@@ -138,3 +150,4 @@ def train_sft(cfg: Any, features: Any, *, device: Any = "cpu", process_index: in
                 log(stage="sft", update=u, loss=round(loss, 4),
                     phase="copy" if u < c.sft_copy_updates else "demos")
     return policy
+

@@ -63,6 +63,10 @@ run killed anywhere resumes at the phase it was in (``--resume``)."""
 USER_CACHE = "user-cache"
 """``Trainer(cache_dir=USER_CACHE)`` (the default): :func:`digirl_lite.paths.user_cache_dir`."""
 
+SIM_FEATURE_DIM = 512
+"""The critics' image features from the simulator's encoder when the policy reads screenshots
+(policy "vlm"); an Auto-UI policy's own feature size otherwise."""
+
 ITERATION_PHASES = ("collect", "inference", "store", "critics", "filter", "actor", "checkpoint")
 """Where an online iteration's time goes (``time_split`` in metrics.jsonl): ``collect`` is
 the fleet's wall time, of which ``inference`` is the policy's (features + sampling) and
@@ -92,9 +96,12 @@ class PolicyBatchAgent:
 
     def act_batch(self, slots, observations: Sequence[Observation]) -> list[str]:
         t0 = time.perf_counter()
-        ids = [o.screen_id or screen_id_of_image(o.screenshot) for o in observations]
-        feats = self.features_of(ids)
-        drawn = self.policy.sample([o.prompt for o in observations], feats,
+        if self.policy.screen_input == "images":  # a VLM reads the screenshot itself
+            inputs = [o.screenshot for o in observations]
+        else:
+            inputs = self.features_of([o.screen_id or screen_id_of_image(o.screenshot)
+                                       for o in observations])
+        drawn = self.policy.sample([o.prompt for o in observations], inputs,
                                    temperature=self.temperature,
                                    max_new_tokens=self.max_new_tokens,
                                    constrained=self.constrained)
@@ -172,17 +179,21 @@ class Trainer:
         # under `accelerate launch` every process collects its own trajectories
         self._seed_everything(cfg.seed + 7919 * self.rank)
         # every size follows the policy: image features, screen tables, the step critic
+        # (a VLM reads screenshots: the critics' features are the encoder's own size)
         self.policy = self._initial_policy().to(self.accelerator.device)
-        encoder = self._image_encoder()
-        if int(encoder.dim) != self.policy.img_dim:
+        reads_features = self.policy.screen_input == "features"
+        encoder = self._image_encoder(self.policy.img_dim if reads_features
+                                      else SIM_FEATURE_DIM)
+        if reads_features and int(encoder.dim) != self.policy.img_dim:
             raise ConfigError(
                 f"image_encoder {cfg.image_encoder!r} gives {encoder.dim}-d features but the "
                 f"policy (starting_policy {cfg.starting_policy!r}) reads "
                 f"{self.policy.img_dim}-d image features: use the encoder the policy was "
                 "trained with")
+        self.img_dim = int(encoder.dim)  # the screen tables' and the step critic's
         self.features = FeatureCache(encoder)
         self.text = EmbeddingCache(self._text_encoder())
-        d_t, d_i = self.text.encoder.dim, self.policy.img_dim
+        d_t, d_i = self.text.encoder.dim, self.img_dim
         self.step_critic = StepCritic(d_t, d_i, hidden=cfg.critic_hidden,
                                       init_value=cfg.critic_init_value)
         self.instr_critic = InstructionCritic(d_t, init_value=cfg.critic_init_value)
@@ -193,7 +204,7 @@ class Trainer:
         # one set of weights on every process (process 0's), as DDP does at wrap time
         dist.broadcast_parameters(self.policy.model, self.step_critic, self.instr_critic)
         self.buffer = ReplayBuffer(cfg.capacity, seed=cfg.seed)  # the same on every process
-        self.screens = ScreenTable(self.policy.img_dim)
+        self.screens = ScreenTable(self.img_dim)
         # minibatches (and, on process 0, the online tasks): this process's own draws
         self.rng = np.random.default_rng(cfg.seed + 7919 * self.rank)
         self.phase = ""  # the last phase done (RUN_PHASES, then "online")
@@ -231,26 +242,17 @@ class Trainer:
             self._tb = SummaryWriter(str(self.out / "tensorboard"))
 
     def _initial_policy(self):
-        """A policy directory (a saved AutoUIPolicy or a real Auto-UI checkpoint) is loaded
-        here; for "sft" / "shipped" this is the simulator preset's shape, replaced by the
-        trained or shipped weights in :meth:`build_starting_policy`."""
-        from digirl_lite.policy import AutoUIPolicy
+        """The policy before :meth:`build_starting_policy`
+        (:func:`digirl_lite.policy.factory.initial_policy`)."""
+        from digirl_lite.policy.factory import initial_policy
 
-        src = self.cfg.starting_policy
-        if src in ("sft", "shipped"):
-            return AutoUIPolicy.sim_preset(seed=self.cfg.seed)
-        d = Path(src).expanduser()
-        try:
-            return (AutoUIPolicy.load(d) if (d / "digirl_policy.json").is_file()
-                    else AutoUIPolicy.from_pretrained(d))
-        except (OSError, ValueError) as e:
-            raise ConfigError(f"starting_policy {str(d)!r}: {e}") from None
+        return initial_policy(self.cfg)
 
-    def _image_encoder(self):
+    def _image_encoder(self, dim: int):
         from digirl_lite.vision import SimScreenEncoder
 
         if self.cfg.image_encoder == "sim":
-            return SimScreenEncoder(dim=self.policy.img_dim, seed=0)
+            return SimScreenEncoder(dim=dim, seed=0)
         from digirl_lite.vision import Blip2Features
 
         try:
@@ -375,9 +377,16 @@ class Trainer:
         :func:`digirl_lite.train.starting.starting_policy`), or the directory loaded when
         the Trainer was built."""
         c = self.cfg
-        if c.starting_policy in ("sft", "shipped"):
+        if c.policy == "vlm" and c.starting_policy == "shipped":
+            self.say(f"starting policy: the model at policy_path {c.policy_path} as it is "
+                     "(no VLM ships with digirl_lite; starting_policy 'sft' fine-tunes it on "
+                     "the expert's demonstrations first)")
+            self.log(stage="sft", loaded=str(Path(c.policy_path).expanduser()), sft=False)
+        elif c.starting_policy in ("sft", "shipped"):
             from digirl_lite.train.starting import starting_policy
 
+            if c.policy == "vlm":  # not two copies of a VLM's weights at once
+                self.policy = self.actor_opt = None
             self.policy, seconds = starting_policy(
                 c, features=self.features, cache_dir=self.cache_dir,
                 device=self.accelerator.device, process_index=self.accelerator.process_index,
@@ -388,8 +397,15 @@ class Trainer:
         else:
             self.log(stage="sft", loaded=str(Path(c.starting_policy).expanduser()))
         self.policy.to(self.accelerator.device)
+        self._fresh_value_bias()
         dist.broadcast_parameters(self.policy.model)  # one policy on every process
         self.actor_opt = self._actor_optimizer()
+
+    def _fresh_value_bias(self) -> None:
+        """A value head that starts fresh gets ``value_bias`` (A.6's 0.1 by default)."""
+        if self.policy.value_head_fresh:
+            with torch.no_grad():
+                self.policy.value_head.linear.bias.fill_(self.cfg.value_bias)
 
     def save_starting_policy(self, directory: str | Path) -> Path:
         """Save the policy with the SFT key it was built under (``sft.json``)."""
@@ -415,6 +431,9 @@ class Trainer:
         c = self.cfg
         policy_id = (self.sft_key() if c.starting_policy in ("sft", "shipped")
                      else str(Path(c.starting_policy).expanduser().resolve()))
+        if c.policy == "vlm" and c.starting_policy == "shipped":  # the base model as it is
+            policy_id = ("vlm", str(Path(c.policy_path).expanduser().resolve()), c.lora,
+                         c.vlm_image_size, c.vlm_dtype)
         devices = () if c.env == "sim" else (c.env, c.android)  # sim keys as before
         devices += () if c.day == 1 else (("day", c.day),)  # day 1 keys as before
         devices += (("surprises", sorted(c.sim_surprises.items())),) if c.sim_surprises else ()
@@ -623,7 +642,7 @@ class Trainer:
 
     def _actor_optimizer(self) -> torch.optim.Optimizer:
         """AdamW over the policy's weights, and its value head's under PPO."""
-        groups = [{"params": list(self.policy.model.parameters())}]
+        groups = [{"params": list(self.policy.parameters())}]
         if self.cfg.algorithm == "ppo":
             groups.append({"params": list(self.policy.value_head.parameters()),
                            "lr": self.cfg.value_lr})
@@ -645,7 +664,7 @@ class Trainer:
         from digirl_lite.policy.updates import PPOBatch
 
         chosen = [rows[i] for i in pick]
-        prompts, feats, _ = steps_to_batch([r[0] for r in chosen], self.screens)
+        prompts, feats, _ = steps_to_batch([r[0] for r in chosen], self.screens, self.policy)
         return PPOBatch(prompts, feats, [r[1] for r in chosen], [r[2] for r in chosen],
                         [r[3] for r in chosen],
                         None if self.cfg.algorithm == "grpo" else [r[4] for r in chosen])
@@ -970,7 +989,7 @@ class Trainer:
             self._behaviour.model.load_state_dict(self.policy.model.state_dict())
         self._behaviour.model.eval()
         if self._collect_screens is None:
-            self._collect_screens = ScreenTable(self.policy.img_dim)
+            self._collect_screens = ScreenTable(self.img_dim)
         self._collect_agent = PolicyBatchAgent(
             self._behaviour, FeatureCache(self.features.encoder, max_items=4096),
             self._collect_screens, c.temperature, c.max_new_tokens, c.constrained_decoding)
@@ -1000,7 +1019,7 @@ class Trainer:
         self._collecting = False
         left = [e.trajectory for e in self.fleet().stop()]
         self._carried += left
-        keep = ScreenTable(self.policy.img_dim)
+        keep = ScreenTable(self.img_dim)
         self._copy_screens(self._carried, self._collect_screens, keep)
         self._collect_screens = keep
 
@@ -1013,7 +1032,7 @@ class Trainer:
             self._behaviour.model.load_state_dict(self.policy.model.state_dict())
 
     def evaluate(self, stage: str) -> dict[str, Any]:
-        screens = ScreenTable(self.policy.img_dim)
+        screens = ScreenTable(self.img_dim)
         report, episodes = self._timed("evaluate", lambda: evaluate(
             _StageFleet(self, f"eval:{stage}"), self.agent(screens), self._test_tasks(),
             n_tasks=self.cfg.eval_tasks, seed=10_000 + self.cfg.seed,
@@ -1039,7 +1058,7 @@ class Trainer:
 
     # -- persistence ----------------------------------------------------------------------
     def _store(self) -> TrajectoryStore:
-        return TrajectoryStore.create(self.out / "store", self.policy.img_dim, exist_ok=True)
+        return TrajectoryStore.create(self.out / "store", self.img_dim, exist_ok=True)
 
     def _store_append(self, trajs: Sequence[Trajectory]) -> None:
         """Append to the run's store (process 0) what it does not hold yet: a phase redone
@@ -1124,7 +1143,8 @@ class Trainer:
         import re
 
         from digirl_lite.data.store import load_trajectories
-        from digirl_lite.policy import AutoUIPolicy
+        from digirl_lite.policy.base import load_policy
+        from digirl_lite.policy.factory import load_kwargs
 
         root = self.out / "checkpoints"
         latest = root / "latest"
@@ -1150,7 +1170,8 @@ class Trainer:
                 f"{self.out} was run with another configuration:\n  {lines}\nresume with "
                 "the same settings, or pass --allow-config-change (allow_config_change=True)"
                 " to go on under the new ones")
-        self.policy = AutoUIPolicy.load(d / "policy").to(self.accelerator.device)
+        self.policy = load_policy(d / "policy", **load_kwargs(self.cfg)
+                                  ).to(self.accelerator.device)
         tensors = torch.load(d / "state.pt", map_location="cpu", weights_only=True)
         self.step_critic.load_state_dict(tensors["step_critic"])
         self.instr_critic.load_state_dict(tensors["instr_critic"])
@@ -1171,7 +1192,7 @@ class Trainer:
                      f"has {self.world}: random draws start afresh")
         store = self.out / "store"
         trajs, screens = (load_trajectories(store) if (store / "digirl_store.json").is_file()
-                          else ([], ScreenTable(self.policy.img_dim)))
+                          else ([], ScreenTable(self.img_dim)))
         self.screens.merge(screens)
         self.buffer = ReplayBuffer.from_state_dict(state["buffer"], trajs)
         self.iteration = state["iteration"]

@@ -331,7 +331,7 @@ class OnPolicyGrader:
     """A PPO or GRPO run's policy (and value head) with its learner settings.
 
     Args:
-        policy: an :class:`~digirl_lite.policy.AutoUIPolicy` (PPO: with its trained value
+        policy: a :class:`~digirl_lite.policy.base.Policy` (PPO: with its trained value
             head).
         algorithm: ``"ppo"`` or ``"grpo"`` (the run's ``algorithm``).
         gamma: the run's ``ppo_gamma``.
@@ -363,7 +363,7 @@ class OnPolicyGrader:
         """
         from pathlib import Path
 
-        from digirl_lite.policy import AutoUIPolicy
+        from digirl_lite.policy.base import load_policy
         from digirl_lite.viz.runs import Run
 
         run = run if isinstance(run, Run) else Run(run)
@@ -372,13 +372,16 @@ class OnPolicyGrader:
             raise FileNotFoundError(f"{run.path} has no checkpoint with a policy")
         c = run.config
         algorithm = c.get("algorithm", "ppo")
-        policy = AutoUIPolicy.load(d / "policy")
+        policy = load_policy(d / "policy", **({"base": c["policy_path"]}
+                                              if c.get("policy") == "vlm" else {}))
         if algorithm == "ppo" and policy.value_head_fresh:
             raise ValueError(f"{d / 'policy'} has no value head: nothing to show for PPO")
         if image_encoder is None and c.get("image_encoder", "sim") == "sim":
             from digirl_lite.vision import SimScreenEncoder
 
-            image_encoder = SimScreenEncoder(dim=policy.img_dim, seed=0)
+            dim = policy.img_dim if policy.screen_input == "features" else \
+                512  # the Trainer's SIM_FEATURE_DIM
+            image_encoder = SimScreenEncoder(dim=dim, seed=0)
         return cls(policy, algorithm=algorithm, gamma=c.get("ppo_gamma"),
                    lam=c.get("ppo_lam"), image_encoder=image_encoder)
 

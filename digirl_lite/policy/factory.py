@@ -1,0 +1,78 @@
+"""The policy a config asks for (issue 18): the one place that names the implementations.
+
+* :func:`initial_policy`: what a run starts with, before its starting policy is built:
+  ``starting_policy`` a directory is loaded here (a saved policy of the config's kind, or a
+  real Auto-UI checkpoint); "sft" / "shipped" give the right shape, replaced in
+  :meth:`~digirl_lite.train.trainer.Trainer.build_starting_policy` (Auto-UI), or the base
+  VLM at ``policy_path`` with fresh adapters (policy "vlm").
+* :func:`fresh_policy`: what supervised fine-tuning starts from.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from digirl_lite.errors import ConfigError
+from digirl_lite.policy.base import POLICY_FILE, Policy, policy_kind
+
+__all__ = ["initial_policy", "fresh_policy", "load_kwargs"]
+
+
+def load_kwargs(c: Any) -> dict[str, Any]:
+    """What :func:`~digirl_lite.policy.base.load_policy` needs from the config to open a
+    saved policy of this run as the run builds it (a VLM: its base, precision and gradient
+    checkpointing; nothing for Auto-UI)."""
+    if c.policy != "vlm":
+        return {}
+    return {"base": c.policy_path, "dtype": c.vlm_dtype,
+            "gradient_checkpointing": c.gradient_checkpointing}
+
+
+def fresh_policy(c: Any) -> Policy:
+    """The simulator preset's fresh T5 (seed ``sft_seed``), or the VLM at ``policy_path`` with
+    fresh adapters (initialised from ``sft_seed``: every run seed shares them, as it shares
+    the starting policy)."""
+    if c.policy == "vlm":
+        from digirl_lite.policy.vlm import VLMPolicy
+
+        return VLMPolicy.from_pretrained(
+            c.policy_path, lora=c.lora, image_size=c.vlm_image_size, dtype=c.vlm_dtype,
+            gradient_checkpointing=c.gradient_checkpointing, seed=c.sft_seed)
+    from digirl_lite.policy.policy import AutoUIPolicy
+
+    return AutoUIPolicy.sim_preset(seed=c.sft_seed)
+
+
+def initial_policy(c: Any) -> Policy:
+    """See the module's docstring. A directory that is not what the config says is a
+    ConfigError naming what it holds."""
+    from digirl_lite.policy.policy import AutoUIPolicy
+
+    src = c.starting_policy
+    d = Path(src).expanduser() if src not in ("sft", "shipped") else None
+    found = policy_kind(d) if d is not None else None
+    if c.policy == "vlm":
+        from digirl_lite.policy.vlm import VLMPolicy
+
+        if d is None:
+            return fresh_policy(c)
+        if found != "vlm":
+            what = f"an {found} policy" if found else "no saved policy"
+            raise ConfigError(f"starting_policy {str(d)!r} holds {what}; policy 'vlm' starts "
+                              "from a saved VLM policy (or 'sft', 'shipped': the model at "
+                              "policy_path)")
+        try:
+            return VLMPolicy.load(d, **load_kwargs(c))
+        except (OSError, ValueError) as e:
+            raise ConfigError(f"starting_policy {str(d)!r}: {e}") from None
+    if d is None:
+        return AutoUIPolicy.sim_preset(seed=c.seed)
+    if found == "vlm":
+        raise ConfigError(f"starting_policy {str(d)!r} holds a saved VLM policy: set policy "
+                          "'vlm' (and policy_path its base model)")
+    try:
+        return (AutoUIPolicy.load(d) if (d / POLICY_FILE).is_file()
+                else AutoUIPolicy.from_pretrained(d))
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"starting_policy {str(d)!r}: {e}") from None
