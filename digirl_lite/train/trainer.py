@@ -63,10 +63,6 @@ run killed anywhere resumes at the phase it was in (``--resume``)."""
 USER_CACHE = "user-cache"
 """``Trainer(cache_dir=USER_CACHE)`` (the default): :func:`digirl_lite.paths.user_cache_dir`."""
 
-SIM_FEATURE_DIM = 512
-"""The critics' image features from the simulator's encoder when the policy reads screenshots
-(policy "vlm"); an Auto-UI policy's own feature size otherwise."""
-
 ITERATION_PHASES = ("collect", "inference", "store", "critics", "filter", "actor", "checkpoint")
 """Where an online iteration's time goes (``time_split`` in metrics.jsonl): ``collect`` is
 the fleet's wall time, of which ``inference`` is the policy's (features + sampling) and
@@ -155,6 +151,7 @@ class Trainer:
         from digirl_lite.critics import EmbeddingCache, InstructionCritic, StepCritic
         from digirl_lite.envs.setup import make_phones
         from digirl_lite.vision import FeatureCache
+        from digirl_lite.vision.sim_encoder import SIM_FEATURE_DIM
 
         cfg.check_paths()  # every field that cannot work, before anything is built
         self.cfg = cfg

@@ -46,7 +46,11 @@ import numpy as np
 if TYPE_CHECKING:  # pragma: no cover
     from PIL import Image
 
-__all__ = ["SimScreenEncoder", "DEFAULT_GRID"]
+__all__ = ["SimScreenEncoder", "DEFAULT_GRID", "SIM_FEATURE_DIM"]
+
+SIM_FEATURE_DIM = 512
+"""The encoder's default feature length (the critics' image features beside a policy that
+reads screenshots itself, policy "vlm")."""
 
 DEFAULT_GRID = (18, 38)
 """Cells across and down: 60 x 60 px cells on a 1080 x 2280 screen (the 9:19 aspect)."""
@@ -64,7 +68,8 @@ class SimScreenEncoder:
         grid: (cells across, cells down) of the colour grid.
     """
 
-    def __init__(self, dim: int = 512, seed: int = 0, grid: tuple[int, int] = DEFAULT_GRID):
+    def __init__(self, dim: int = SIM_FEATURE_DIM, seed: int = 0,
+                 grid: tuple[int, int] = DEFAULT_GRID):
         if dim <= 0:
             raise ValueError(f"dim must be positive, got {dim}")
         gw, gh = grid

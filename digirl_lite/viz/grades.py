@@ -378,9 +378,9 @@ class OnPolicyGrader:
             raise ValueError(f"{d / 'policy'} has no value head: nothing to show for PPO")
         if image_encoder is None and c.get("image_encoder", "sim") == "sim":
             from digirl_lite.vision import SimScreenEncoder
+            from digirl_lite.vision.sim_encoder import SIM_FEATURE_DIM
 
-            dim = policy.img_dim if policy.screen_input == "features" else \
-                512  # the Trainer's SIM_FEATURE_DIM
+            dim = policy.img_dim if policy.screen_input == "features" else SIM_FEATURE_DIM
             image_encoder = SimScreenEncoder(dim=dim, seed=0)
         return cls(policy, algorithm=algorithm, gamma=c.get("ppo_gamma"),
                    lam=c.get("ppo_lam"), image_encoder=image_encoder)
