@@ -10,16 +10,16 @@ Two ways to use it:
 
 * ``collect(agent, tasks, screens, ...)``: every task once, episodes in task order (the
   synchronous fleet's interface, so the trainer can swap fleets by name).
-* ``start(agent, tasks, screens, ...)`` then ``take(k)`` as often as the learner wants:
-  ``take`` returns ``k`` *completed* trajectories once they are in and carries the rest
-  over; active episodes keep running meanwhile (no bootstrapping from a truncated middle).
-  Which ``k``: with ``order="completion"`` (Darwin's, A.1) the first to complete, which
-  favours short episodes (and in a simulated shop successes are shorter than failures);
-  with ``order="start"`` the ``k`` that started first, waiting for the oldest, so what the
-  learner sees does not depend on how long an episode took. Wrap weight updates in ``with fleet.updating_policy():`` so no batch is
-  sampled from half-updated weights; each step records the ``policy_version`` that wrote it,
-  so staleness is measurable. ``stop()`` discards the episodes still running and returns
-  the completed ones no ``take`` returned.
+* ``start(agent, tasks, screens, ...)`` then ``take(k)`` as often as the learner wants: ``take``
+  returns ``k`` *completed* trajectories once they are in and carries the rest over; active
+  episodes keep running meanwhile (no bootstrapping from a truncated middle). Which ``k``: with
+  ``order="completion"`` (Darwin's, A.1) the first to complete, which favours short episodes (and
+  in a simulated shop successes are shorter than failures); with ``order="start"`` the ``k`` that
+  started first, waiting for the oldest, so what the learner sees does not depend on how long an
+  episode took. Wrap weight updates in ``with fleet.updating_policy():`` so no batch is sampled
+  from half-updated weights; each step records the ``policy_version`` that wrote it, so staleness
+  is measurable. ``stop()`` discards the episodes still running and returns the completed ones no
+  ``take`` returned.
 
 Devices run where :mod:`.devices` puts them: ``backend="local"`` (threads over in-process
 environments: for phones whose steps wait on a device, not on this CPU) or ``"process"``.

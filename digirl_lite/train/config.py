@@ -66,13 +66,13 @@ class DigiRLConfig:
     """Passed to the fleet's constructor (e.g. ``{"address": "ray://head:10001"}``)."""
     learner: str = "sync"
     """"sync" (the paper's loop: each iteration collects its own ``rollouts_per_iteration``
-    trajectories with the weights of the iteration before, then updates) or "async" (issue
-    17, spec/DARWIN.md A.1: the fleet collects without pause on an endless stream of training
-    tasks while the learner updates; each iteration takes completed trajectories
-    (``take_order``), drops those more than ``max_staleness`` versions old, and publishes its new weights to
-    the phones). Needs a fleet that collects in the background (``fleet`` "async" or "ray");
-    not with "grpo" (a take would split a task's group), drift (``days_per_iteration``) or
-    several processes."""
+    trajectories with the weights of the iteration before, then updates) or "async" (issue 17,
+    spec/DARWIN.md A.1: the fleet collects without pause on an endless stream of training tasks
+    while the learner updates; each iteration takes completed trajectories (``take_order``),
+    drops those more than ``max_staleness`` versions old, and publishes its new weights to the
+    phones). Needs a fleet that collects in the background (``fleet`` "async" or "ray"); not
+    with "grpo" (a take would split a task's group), drift (``days_per_iteration``) or several
+    processes."""
     max_staleness: int = 2
     """``learner`` "async": a trajectory whose oldest step was sampled with weights more than
     this many policy versions (iterations) behind the learner's is dropped, not trained on
