@@ -47,6 +47,8 @@ def _online_stored(out: Path):
      ("learner", "days_per_iteration")),
     ({"learner": "sync", "max_staleness": 0}, ("max_staleness",)),
     ({"learner": "async", "fleet": "async", "max_staleness": -1}, ("max_staleness",)),
+    ({"learner": "sync", "take_order": "completion"}, ("take_order",)),
+    ({"learner": "async", "fleet": "async", "take_order": "shortest"}, ("take_order",)),
     ({"learner": "later"}, ("learner",)),
 ])
 def test_an_async_learner_that_cannot_work_is_refused_naming_the_fields(fields, names):
@@ -91,6 +93,15 @@ def test_an_async_run_reaches_its_summary_with_versioned_steps(tmp_path, algorit
         assert max(versions) <= x.iteration - 1  # no step from weights the learner had not
         assert x.iteration - 1 - min(versions) <= t.cfg.max_staleness
         assert x.traj_id.startswith("online-s0-a")
+    # take_order "start": each collection's trajectories are used in the order their
+    # episodes started (ids online-s0-a{generation}-{k}), never a later one before an earlier
+    if not any(r["async_dropped"] for r in lines):
+        by_generation: dict[str, list[int]] = {}
+        for x in stored:
+            generation, k = x.traj_id.rsplit("-", 2)[1:]
+            by_generation.setdefault(generation, []).append(int(k))
+        assert all(sorted(ks) == list(range(len(ks))) for ks in by_generation.values())
+    assert {"discarded_running", "discarded_out_of_order"} <= set(summary["async"])
 
 
 @pytest.mark.slow  # a tiny Trainer run, 30-60 s on 2 shared cores
@@ -113,7 +124,8 @@ def test_data_beyond_max_staleness_is_dropped_logged_and_never_trained_on(tmp_pa
     buffered = {x.traj_id for x in t.buffer.trajectories("all", usable_only=False)
                 if x.source.value == "online"}
     assert buffered == {x.traj_id for x in stored}
-    assert t.summary["async"] == {"kept": 4, "dropped": second["async_dropped"]}
+    assert {k: t.summary["async"][k] for k in ("kept", "dropped")} == {
+        "kept": 4, "dropped": second["async_dropped"]}
 
 
 @pytest.mark.slow  # four recipe processes, 1-3 minutes on 2 shared cores

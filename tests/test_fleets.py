@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import time
 
 import numpy as np
 import pytest
@@ -159,6 +160,66 @@ def test_take_returns_completed_trajectories_and_carries_the_rest():
     s = fleet.stats
     assert s.episodes == len(got) + len(left) and fleet.stop() == []
     assert s.discarded_unfinished <= 3
+
+
+class LongAndShort:
+    """Ends ``SHORT`` tasks at once (STATUS_TASK_COMPLETE) and the others after
+    ``LONG_STEPS`` presses of HOME: with every step taking 50 ms, which episode ends first
+    is known."""
+
+    LONG_STEPS = 10
+
+    def act_batch(self, slots, observations):
+        return [format_action(Action(ActionType.STATUS_TASK_COMPLETE)
+                              if o.task in SHORT or o.step >= self.LONG_STEPS
+                              else Action(ActionType.PRESS_HOME)) for o in observations]
+
+
+SHORT = {TASKS[2].text, TASKS[3].text}
+SLOW = SimEnvFactory(tasks="webshop_test", surprises=Surprises.none(),
+                     faults={"latency_median_s": 0.05, "latency_sigma": 0.0})
+
+
+def _index(episode) -> int:
+    return int(episode.trajectory.traj_id.rsplit("-", 1)[1])
+
+
+def test_take_in_completion_order_favours_short_episodes_and_in_start_order_does_not():
+    """Three phones on long, long, short, short, ... (a long episode takes 0.55 s, a short
+    one 0.05 s): the first two to complete are the two short ones (tasks 2 and 3), the
+    first two to start the two long ones (tasks 0 and 1)."""
+    tasks = [TASKS[i % 4] for i in range(40)]
+    with AsyncFleet(SLOW, 3) as fleet:
+        fleet.start(LongAndShort(), tasks, ScreenTable(), id_prefix="c")
+        assert sorted(map(_index, fleet.take(2, timeout_s=60))) == [2, 3]
+        fleet.stop()
+        fleet.start(LongAndShort(), tasks, ScreenTable(), id_prefix="s", order="start")
+        first = fleet.take(2, timeout_s=60)
+        assert [_index(e) for e in first] == [0, 1]
+        assert [len(e.trajectory.steps) for e in first] == [LongAndShort.LONG_STEPS + 1] * 2
+        assert [_index(e) for e in fleet.take(3, timeout_s=60)] == [2, 3, 4]
+        fleet.stop()
+    with pytest.raises(ValueError, match="order"):
+        AsyncFleet(SLOW, 1).start(LongAndShort(), tasks, ScreenTable(), id_prefix="x",
+                                  order="shortest")
+
+
+def test_a_stop_in_start_order_keeps_only_what_started_before_the_oldest_running():
+    """After the long tasks 0 and 1 are taken, phones run 2, 3 (short), 4, 5 (long), 6, 7
+    (short), ...; a stop 0.3 s later finds 5 still running: 2, 3, 4 are returned in order,
+    the short ones that completed after 5 started are dropped and counted, and every
+    episode is accounted for."""
+    tasks = [TASKS[i % 4] for i in range(40)]
+    with AsyncFleet(SLOW, 3) as fleet:
+        fleet.start(LongAndShort(), tasks, ScreenTable(), id_prefix="s", order="start")
+        taken = fleet.take(2, timeout_s=60)
+        time.sleep(0.3)
+        left = fleet.stop()
+        s = fleet.stats
+    ks = [_index(e) for e in left]
+    assert ks == list(range(2, 2 + len(ks))) and len(ks) >= 2
+    assert s.discarded_out_of_order >= 1 and s.discarded_unfinished >= 1
+    assert s.episodes == len(taken) + len(left) + s.discarded_out_of_order
 
 
 def test_agent_errors_surface_in_collect():

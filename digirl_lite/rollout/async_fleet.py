@@ -10,13 +10,16 @@ Two ways to use it:
 
 * ``collect(agent, tasks, screens, ...)``: every task once, episodes in task order (the
   synchronous fleet's interface, so the trainer can swap fleets by name).
-* ``start(agent, tasks, screens, ...)`` then ``take(k)`` as often as the learner wants:
-  ``take`` returns the oldest ``k`` *completed* trajectories once that many are in and
-  carries the rest over; active episodes keep running meanwhile (no bootstrapping from a
-  truncated middle). Wrap weight updates in ``with fleet.updating_policy():`` so no batch is
-  sampled from half-updated weights; each step records the ``policy_version`` that wrote it,
-  so staleness is measurable. ``stop()`` discards the episodes still running and returns
-  the completed ones no ``take`` returned.
+* ``start(agent, tasks, screens, ...)`` then ``take(k)`` as often as the learner wants: ``take``
+  returns ``k`` *completed* trajectories once they are in and carries the rest over; active
+  episodes keep running meanwhile (no bootstrapping from a truncated middle). Which ``k``: with
+  ``order="completion"`` (Darwin's, A.1) the first to complete, which favours short episodes (and
+  in a simulated shop successes are shorter than failures); with ``order="start"`` the ``k`` that
+  started first, waiting for the oldest, so what the learner sees does not depend on how long an
+  episode took. Wrap weight updates in ``with fleet.updating_policy():`` so no batch is sampled
+  from half-updated weights; each step records the ``policy_version`` that wrote it, so staleness
+  is measurable. ``stop()`` discards the episodes still running and returns the completed ones no
+  ``take`` returned.
 
 Devices run where :mod:`.devices` puts them: ``backend="local"`` (threads over in-process
 environments: for phones whose steps wait on a device, not on this CPU) or ``"process"``.
@@ -52,9 +55,10 @@ from digirl_lite.rollout.fleet import (
     restart_device,
 )
 
-__all__ = ["AsyncFleet"]
+__all__ = ["AsyncFleet", "TAKE_ORDERS"]
 
 _STOP = object()
+TAKE_ORDERS = ("completion", "start")
 
 
 class AsyncFleet(_DeviceFleet):
@@ -89,6 +93,7 @@ class AsyncFleet(_DeviceFleet):
             make_env, n_envs, backend, record_size, timeout_s)
         self._policy_lock = threading.Lock()
         self._loop: threading.Thread | None = None
+        self._order, self._next_k = "completion", 0
 
     # -- the learner's side -------------------------------------------------------------
     @contextlib.contextmanager
@@ -123,17 +128,23 @@ class AsyncFleet(_DeviceFleet):
         id_prefix: str, source: Source = Source.ONLINE, iteration: int = -1,
         seed: int = 0, record_size: tuple[int, int] | None = RECORD_SIZE,
         on_step: Callable[[int, Observation], None] | None = None,
-        reset_options: dict[str, Any] | None = None,
+        reset_options: dict[str, Any] | None = None, order: str = "completion",
     ) -> None:
         """Start collecting in the background; ``tasks`` may be endless (an iterator).
 
         Task ``k`` (in ``tasks`` order) gets trajectory id ``{id_prefix}-{k:05d}`` and env
         seed ``seed + k``; ``reset_options`` go to every reset. ``agent=None``: the devices
         choose their actions themselves (devices with ``act_and_step``, e.g. the Ray fleet's
-        ``worker_agent``).
+        ``worker_agent``). ``order``: which completed episodes :meth:`take` and :meth:`stop`
+        hand out, ``"completion"`` (the first to complete) or ``"start"`` (task order: a take
+        waits for the oldest running episode; a stop keeps only the completed episodes that
+        started before the oldest one still running).
         """
         if self._loop is not None:
             raise RuntimeError("this fleet is already collecting: stop() first")
+        if order not in TAKE_ORDERS:
+            raise ValueError(f"order must be one of {TAKE_ORDERS}, got {order!r}")
+        self._order, self._next_k = order, 0
         self._agent = agent
         self._rec = _Recording(screens, id_prefix=id_prefix, source=source,
                                iteration=iteration, seed=seed, record_size=record_size,
@@ -155,29 +166,51 @@ class AsyncFleet(_DeviceFleet):
         self._loop.start()
 
     def take(self, k: int = 16, timeout_s: float | None = None) -> list[Episode]:
-        """The oldest ``k`` completed episodes, once that many are in (fewer only when the
-        tasks ran out); completed ones beyond ``k`` are carried over to the next call.
+        """``k`` completed episodes, once they are in (fewer only when the tasks ran out):
+        the first ``k`` to complete, or with ``start(order="start")`` the next ``k`` in task
+        order; completed ones not returned are carried over to the next call.
 
         Raises:
-            TimeoutError: fewer than ``k`` arrived in ``timeout_s``.
+            TimeoutError: the ``k`` were not in after ``timeout_s``.
         """
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         with self._cond:
-            while len(self._completed) < k and not self._finished.is_set() \
+            while self._ready(k) < k and not self._finished.is_set() \
                     and self._error is None:
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
-                    raise TimeoutError(f"{len(self._completed)} of {k} trajectories "
+                    raise TimeoutError(f"{self._ready(k)} of {k} trajectories "
                                        f"completed in {timeout_s} s")
                 self._cond.wait(left if left is not None else 1.0)
             self._raise_if_failed()
-            n = min(k, len(self._completed))
-            return [self._completed.popleft()[1] for _ in range(n)]
+            if self._order == "completion":
+                n = min(k, len(self._completed))
+                return [self._completed.popleft()[1] for _ in range(n)]
+            done = dict(self._completed)
+            if self._finished.is_set():  # the tasks ran out: every started one is in
+                ks = sorted(done)[:k]
+            else:
+                ks = list(range(self._next_k, self._next_k + k))
+            self._completed = deque((i, e) for i, e in self._completed if i not in ks)
+            self._next_k = max(ks, default=self._next_k - 1) + 1
+            return [done[i] for i in ks]
+
+    def _ready(self, k: int) -> int:
+        """How many of the episodes the next ``take(k)`` would return are in."""
+        if self._order == "completion":
+            return len(self._completed)
+        done = {i for i, _ in self._completed}
+        n = 0
+        while n < k and self._next_k + n in done:
+            n += 1
+        return n
 
     def stop(self) -> list[Episode]:
         """Stop collecting; episodes still running are discarded (never recorded). Returns
         the completed episodes no ``take`` had returned yet (oldest first), for the caller
-        to carry over."""
+        to carry over; with ``order="start"`` only those that started before the oldest
+        episode that did not complete (the others count in
+        ``stats.discarded_out_of_order``)."""
         if self._loop is None:
             return []
         self._stopping.set()
@@ -192,7 +225,16 @@ class AsyncFleet(_DeviceFleet):
             log.info("async fleet stopped: %d unfinished episodes discarded", discarded)
         self._rec.active.clear()
         self._loop = None
-        return [e for _, e in self._take_all()]
+        if self._order == "completion":
+            return [e for _, e in self._take_all()]
+        # task order: keep what started before the oldest episode that did not complete;
+        # what completed after it would favour short episodes
+        done, kept = dict(self._take_all()), []
+        while self._next_k in done:
+            kept.append(done.pop(self._next_k))
+            self._next_k += 1
+        self.stats.discarded_out_of_order += len(done)
+        return kept
 
     def close(self) -> None:
         self.stop()

@@ -83,6 +83,9 @@ class FleetStats:
             environment, whichever failed).
         discarded_unfinished: episodes still running when an asynchronous collection
             stopped (never recorded).
+        discarded_out_of_order: completed episodes an asynchronous collection in task
+            order dropped at its stop because an episode that started before them was
+            still running (keeping them would favour short episodes).
     """
 
     episodes: int = 0
@@ -92,12 +95,14 @@ class FleetStats:
     device_resets: int = 0
     worker_restarts: int = 0
     discarded_unfinished: int = 0
+    discarded_out_of_order: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         return {"episodes": self.episodes, "steps": self.steps,
                 "infra_truncations": dict(self.infra_truncations),
                 "device_resets": self.device_resets, "worker_restarts": self.worker_restarts,
-                "discarded_unfinished": self.discarded_unfinished}
+                "discarded_unfinished": self.discarded_unfinished,
+                "discarded_out_of_order": self.discarded_out_of_order}
 
 
 class JudgeUnavailable(RuntimeError):

@@ -66,13 +66,13 @@ class DigiRLConfig:
     """Passed to the fleet's constructor (e.g. ``{"address": "ray://head:10001"}``)."""
     learner: str = "sync"
     """"sync" (the paper's loop: each iteration collects its own ``rollouts_per_iteration``
-    trajectories with the weights of the iteration before, then updates) or "async" (issue
-    17, spec/DARWIN.md A.1: the fleet collects without pause on an endless stream of training
-    tasks while the learner updates; each iteration takes the oldest completed trajectories,
-    drops those more than ``max_staleness`` versions old, and publishes its new weights to
-    the phones). Needs a fleet that collects in the background (``fleet`` "async" or "ray");
-    not with "grpo" (a take would split a task's group), drift (``days_per_iteration``) or
-    several processes."""
+    trajectories with the weights of the iteration before, then updates) or "async" (issue 17,
+    spec/DARWIN.md A.1: the fleet collects without pause on an endless stream of training tasks
+    while the learner updates; each iteration takes completed trajectories (``take_order``),
+    drops those more than ``max_staleness`` versions old, and publishes its new weights to the
+    phones). Needs a fleet that collects in the background (``fleet`` "async" or "ray"); not
+    with "grpo" (a take would split a task's group), drift (``days_per_iteration``) or several
+    processes."""
     max_staleness: int = 2
     """``learner`` "async": a trajectory whose oldest step was sampled with weights more than
     this many policy versions (iterations) behind the learner's is dropped, not trained on
@@ -80,6 +80,16 @@ class DigiRLConfig:
     measured the drift of carried-over data harmless at moderate staleness; 2 keeps an
     episode that straddles one update plus the over-collection carried into the next, and
     still bounds how far PPO's recorded log-probabilities (clipped ratio) may lag."""
+    take_order: str = "start"
+    """``learner`` "async": which completed trajectories an iteration takes. "start": the
+    next ``rollouts_per_iteration`` in the order their episodes started, waiting for the
+    oldest still running, so the data does not depend on how long an episode took; at a
+    stop (an evaluation, the end) the completed ones that started after an episode still
+    running are dropped with it (``discarded_out_of_order`` in the fleet's stats).
+    "completion": the first to complete, Darwin's (A.1), which favours short episodes (in
+    the simulated shop, successes); a take after each (re)start of the collection is
+    the shortest of all. This project's default is "start", measured in
+    ``benchmarks/learner_throughput.py`` (the learner's wait against the bias it removes)."""
     device: str = "cpu"
     """Where the learner runs, through Accelerate: "cpu", "auto" (a GPU when there is one),
     or "cuda". Under ``accelerate launch`` each process takes its own device."""
@@ -562,11 +572,17 @@ class DigiRLConfig:
             raise ConfigError(f"learner must be one of {LEARNERS}, got {self.learner!r}")
         if self.max_staleness < 0:
             raise ConfigError(f"max_staleness must be >= 0, got {self.max_staleness}")
+        from digirl_lite.rollout.async_fleet import TAKE_ORDERS
+
+        if self.take_order not in TAKE_ORDERS:
+            raise ConfigError(f"take_order must be one of {TAKE_ORDERS}, "
+                              f"got {self.take_order!r}")
         if self.learner == "sync":
-            if self.max_staleness != DigiRLConfig.max_staleness:
-                raise ConfigError(f"max_staleness={self.max_staleness} has no effect with "
-                                  "learner='sync' (every iteration trains on its own fresh "
-                                  "trajectories): set learner='async' or leave it")
+            for name in ("max_staleness", "take_order"):
+                if getattr(self, name) != getattr(DigiRLConfig, name):
+                    raise ConfigError(f"{name}={getattr(self, name)!r} has no effect with "
+                                      "learner='sync' (every iteration trains on its own "
+                                      "fresh trajectories): set learner='async' or leave it")
             return
         if self.fleet not in ASYNC_FLEETS:
             raise ConfigError(f"learner='async' needs a fleet that collects in the background "

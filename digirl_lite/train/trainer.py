@@ -887,7 +887,7 @@ class Trainer:
     # -- the asynchronous learner (learner="async"; issue 17, spec/DARWIN.md A.1) ----------
     def take_online(self, k: int) -> tuple[list[Trajectory], dict[str, Any]]:
         """Iteration ``k``'s data from the background collection (started here if it is not
-        running): the oldest completed trajectories, first those carried over from a
+        running): completed trajectories in ``take_order``, first those carried over from a
         stopped collection, until ``rollouts_per_iteration`` of them are at most
         ``max_staleness`` policy versions behind the learner's (``k - 1``: the weights after
         ``k - 1`` iterations). A trajectory's staleness is that of its oldest step; staler
@@ -996,7 +996,8 @@ class Trainer:
         kw = {"reset_options": {"day": c.day}} if c.day != 1 else {}
         fleet.start(self._collect_agent, self._task_stream(np.random.default_rng(seed)),
                     self._collect_screens, id_prefix=f"online-s{c.seed}-a{self._generation:03d}",
-                    source=Source.ONLINE, iteration=self.iteration + 1, seed=seed, **kw)
+                    source=Source.ONLINE, iteration=self.iteration + 1, seed=seed,
+                    order=c.take_order, **kw)
         self._collecting = True
         self.say(f"background collection {self._generation} started at policy version "
                  f"{self.iteration} on {self.phones.n} phones")
@@ -1010,12 +1011,20 @@ class Trainer:
     def _stop_collecting(self) -> None:
         """Stop the background collection (before an evaluation, at the end): episodes still
         running are lost by design (as at a kill); completed ones not yet taken are carried
-        over to the next take. The phones' screen table keeps only what those need."""
+        over to the next take (in ``take_order`` "start", only those that started before
+        the oldest episode still running). ``summary["async"]`` counts what the stop
+        discarded. The phones' screen table keeps only what those need."""
         if not self._collecting:
             return
         self._collecting = False
+        stats = self.fleet().stats
+        before = (stats.discarded_unfinished, stats.discarded_out_of_order)
         left = [e.trajectory for e in self.fleet().stop()]
         self._carried += left
+        summary = self.summary.setdefault("async", {"kept": 0, "dropped": 0})
+        for key, was, now in zip(("discarded_running", "discarded_out_of_order"), before,
+                                 (stats.discarded_unfinished, stats.discarded_out_of_order)):
+            summary[key] = summary.get(key, 0) + now - was
         keep = ScreenTable(self.img_dim)
         self._copy_screens(self._carried, self._collect_screens, keep)
         self._collect_screens = keep
