@@ -223,7 +223,9 @@ def test_training_does_not_depend_on_how_often_the_run_evaluates(tmp_path):
     """An evaluation samples from a stream of its own (fixed by the seed and the stage) and
     leaves the run's streams as they were: a run that evaluates after every iteration ends
     with the same weights, and the same final evaluation, as one that evaluates only at the
-    end (so a stage is evaluated with the same draws whatever came before it)."""
+    end (so a stage is evaluated with the same draws whatever came before it). Before the
+    fix the final evaluations differed (the weights did not at this size: the tiny online
+    phase kept nothing to train on)."""
     import torch
 
     from digirl_lite.data.store import load_trajectories

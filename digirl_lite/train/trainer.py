@@ -1041,9 +1041,9 @@ class Trainer:
     def evaluate(self, stage: str) -> dict[str, Any]:
         """Held-out success of the current policy, as ``stage``. The evaluation samples
         from a random stream of its own, fixed by the seed and the stage's name, and leaves
-        the run's streams where they were: training does not depend on how often a run
-        evaluates (``eval_every``), and two arms of a grid evaluate a stage with the same
-        random numbers, so their paired difference is the policies' alone."""
+        the run's streams where they were: neither training nor a later evaluation depends
+        on how often a run evaluates (``eval_every``), and two arms of a grid evaluate a
+        stage with the same random numbers (their paired difference has less noise)."""
         screens = ScreenTable(self.img_dim)
         dev = self.accelerator.device
         with torch.random.fork_rng(devices=[dev] if dev.type == "cuda" else []):
