@@ -216,3 +216,32 @@ def test_the_offline_phase_does_not_depend_on_where_the_pile_came_from(tmp_path)
              sorted(load_trajectories(tmp_path / n / "eval" / "offline", with_images=False)[0],
                     key=lambda t: t.traj_id)] for n in ("collects", "reads")]
     assert acts[0] and acts[0] == acts[1]
+
+
+@pytest.mark.slow  # two tiny runs, 1-2 min on 2 free cores
+def test_training_does_not_depend_on_how_often_the_run_evaluates(tmp_path):
+    """An evaluation samples from a stream of its own (fixed by the seed and the stage) and
+    leaves the run's streams as they were: a run that evaluates after every iteration ends
+    with the same weights, and the same final evaluation, as one that evaluates only at the
+    end (so a stage is evaluated with the same draws whatever came before it). Before the
+    fix the final evaluations differed (the weights did not at this size: the tiny online
+    phase kept nothing to train on)."""
+    import torch
+
+    from digirl_lite.data.store import load_trajectories
+
+    def run(name: str, **kw):
+        t = Trainer(sim_quick(**{**SMALL, "iterations": 2, "eval_tasks": 4, **kw}),
+                    tmp_path / name, cache_dir=tmp_path / "cache", progress=False)
+        summary = t.run()
+        weights = {k: v.clone() for k, v in t.policy.model.state_dict().items()}
+        acts = {stage: [[s.action_text for s in x.steps] for x in sorted(
+            load_trajectories(tmp_path / name / "eval" / stage, with_images=False)[0],
+            key=lambda x: x.traj_id)] for stage in summary["stages"]}
+        return weights, acts
+
+    w_end, a_end = run("at_the_end", eval_every=0)
+    w_every, a_every = run("every_iteration", eval_every=1)
+    assert set(a_every) - set(a_end) == {"online-1"}
+    assert all(torch.equal(w_end[k], w_every[k]) for k in w_end)
+    assert a_end["online"] and a_end["online"] == a_every["online"]

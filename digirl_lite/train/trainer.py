@@ -25,6 +25,7 @@ import random
 import shutil
 import tempfile
 import time
+import zlib
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -1038,11 +1039,20 @@ class Trainer:
             self._behaviour.model.load_state_dict(self.policy.model.state_dict())
 
     def evaluate(self, stage: str) -> dict[str, Any]:
+        """Held-out success of the current policy, as ``stage``. The evaluation samples
+        from a random stream of its own, fixed by the seed and the stage's name, and leaves
+        the run's streams where they were: neither training nor a later evaluation depends
+        on how often a run evaluates (``eval_every``), and two arms of a grid evaluate a
+        stage with the same random numbers (their paired difference has less noise)."""
         screens = ScreenTable(self.img_dim)
-        report, episodes = self._timed("evaluate", lambda: evaluate(
-            _StageFleet(self, f"eval:{stage}"), self.agent(screens), self._test_tasks(),
-            n_tasks=self.cfg.eval_tasks, seed=10_000 + self.cfg.seed,
-            id_prefix=f"eval-{stage}", screens=screens))
+        dev = self.accelerator.device
+        with torch.random.fork_rng(devices=[dev] if dev.type == "cuda" else []):
+            torch.manual_seed(self.cfg.seed + 7919 * self.rank
+                              + zlib.crc32(f"eval:{stage}".encode()))
+            report, episodes = self._timed("evaluate", lambda: evaluate(
+                _StageFleet(self, f"eval:{stage}"), self.agent(screens), self._test_tasks(),
+                n_tasks=self.cfg.eval_tasks, seed=10_000 + self.cfg.seed,
+                id_prefix=f"eval-{stage}", screens=screens))
         if self.is_main:  # every evaluation trajectory, for replay and the report
             self.features.fill(screens)
             ev = self.out / "eval" / stage
