@@ -5,6 +5,7 @@ built-in simulated phone with tiny CPU models (Web Shopping, H = 20, by default)
     python recipes/offline_to_online.py --quick --out runs/quick
     python recipes/offline_to_online.py --resume --out runs/webshop   # after a crash or kill
     python recipes/offline_to_online.py --filtered-bc         # Filtered BC alongside
+    python recipes/offline_to_online.py --processes 2         # the same run on 2 processes
 
 Writes to --out: metrics.jsonl, summary.json (held-out success and mean episode length of
 each stage: copier, offline, online), learning_curve.png, store/ (every trajectory) and
@@ -13,10 +14,17 @@ checkpoints/. Prints the table at the end.
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
-from digirl_lite.train.cli import cache_dir_of, config_from_args, print_table, run_parser
+from digirl_lite.train.cli import (
+    cache_dir_of,
+    config_from_args,
+    launch_processes,
+    print_table,
+    run_parser,
+)
 from digirl_lite.train.config import ConfigError, with_algorithm
 from digirl_lite.train.trainer import RunStopped, Trainer
 
@@ -30,7 +38,13 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--filtered-bc", action="store_true",
                     help="also run Filtered BC on the same budget (in OUT/filtered_bc)")
     args = ap.parse_args(argv)
-    cfg = config_from_args(args)
+    cfg = config_from_args(args)  # a config that cannot run fails here, before any launch
+    if args.processes > 1 and "WORLD_SIZE" not in os.environ:
+        code = launch_processes(args.processes, __file__,
+                                sys.argv[1:] if argv is None else list(argv))
+        if code:
+            raise SystemExit(code)
+        return {}
     runs = [(cfg.algorithm, cfg, Path(args.out))]
     if args.filtered_bc and cfg.algorithm != "filtered_bc":
         runs.append(("filtered_bc", with_algorithm(cfg, "filtered_bc"),

@@ -134,3 +134,50 @@ def test_main_job_on_two_processes(tmp_path):
     ic = InstructionCritic(384)
     ic.load_state_dict(tensors["instr_critic"])
     assert dist.weights_digest(saved.model, sc, ic) == digests[0]
+
+
+def test_processes_divide_the_budget_and_name_what_they_cannot_divide():
+    from digirl_lite.train.cli import SPLIT_FIELDS, per_process
+    from digirl_lite.train.config import ConfigError, sim_webshop
+
+    cfg = sim_webshop()
+    half = per_process(cfg, 2)
+    for f in SPLIT_FIELDS:
+        assert getattr(half, f) * 2 == getattr(cfg, f)
+    assert half.pile_size == cfg.pile_size and half.eval_tasks == cfg.eval_tasks
+    assert per_process(cfg, 1) is cfg
+    with pytest.raises(ConfigError, match="n_envs=16"):
+        per_process(cfg, 3)
+    with pytest.raises(ConfigError, match="actor_batch=100"):
+        per_process(sim_webshop(actor_batch=100, critic_batch=128), 8)
+    # the recipe refuses it before launching anything
+    done = subprocess.run([sys.executable, str(RECIPE), "--quick", "--processes", "3",
+                           "--out", "unused"], capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0 and "--processes 3 must divide n_envs=8" in done.stderr
+
+
+@pytest.mark.slow
+def test_main_job_with_processes_2_is_the_same_experiment_on_two_processes(tmp_path):
+    """``--processes 2``: the recipe launches a group of two processes itself; each runs
+    half of the phones, online trajectories and minibatches, so the run collects as many
+    trajectories as one process would, and reports once."""
+    out = tmp_path / "run"
+    k, iterations = 4, 2
+    cmd = [sys.executable, str(RECIPE), "--quick", "--quiet", "--processes", "2",
+           "--out", str(out), "--cache-dir", "",
+           "--set", f"rollouts_per_iteration={k}", f"iterations={iterations}",
+           "pile_size=6", "n_envs=4", "eval_tasks=4", "offline_critic_updates=2",
+           "critic_updates=2", "actor_updates=2", "offline_actor_updates=2"]
+    done = subprocess.run(cmd, cwd=tmp_path, env={**os.environ, "OMP_NUM_THREADS": "2"},
+                          capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert done.stdout.count("held-out success") == 1
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["processes"] == 2
+    assert summary["online_trajectories"] == k * iterations  # not doubled
+    assert {f: summary["config"][f] for f in ("n_envs", "rollouts_per_iteration",
+                                             "actor_batch", "critic_batch")} == {
+        "n_envs": 2, "rollouts_per_iteration": k // 2, "actor_batch": 16, "critic_batch": 16}
+    trajs, _ = TrajectoryStore.open(out / "store").load(with_images=False)
+    assert sorted(t.traj_id for t in trajs if t.traj_id.startswith("online-")) == [
+        f"online-s0-it{it:04d}-{j:05d}" for it in range(1, iterations + 1) for j in range(k)]

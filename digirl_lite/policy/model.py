@@ -119,14 +119,19 @@ class AutoUIModel(T5ForConditionalGeneration):
         dec = self.decoder(input_ids=self._shift_right(labels), attention_mask=label_mask,
                            encoder_hidden_states=enc.last_hidden_state,
                            encoder_attention_mask=attention_mask)
-        hidden = h = dec.last_hidden_state
-        if getattr(self.config, "scale_decoder_outputs", self.config.tie_word_embeddings):
-            h = h * (self.model_dim ** -0.5)  # what T5's own forward does before its head
+        hidden = dec.last_hidden_state
         sel = label_mask.bool()
-        logits = self.lm_head(h[sel]).float()
+        logits = self.head_logits(hidden[sel]).float()
         tok = -F.cross_entropy(logits, labels[sel], reduction="none")
         return torch.zeros(labels.shape, dtype=tok.dtype, device=tok.device).masked_scatter(
             sel, tok), hidden
+
+    def head_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The output head on the decoder's final states (..., d_model) -> (..., vocab),
+        scaled first as T5's own forward does when the head is tied to the embeddings."""
+        if getattr(self.config, "scale_decoder_outputs", self.config.tie_word_embeddings):
+            hidden = hidden * (self.model_dim ** -0.5)
+        return self.lm_head(hidden)
 
     def get_encoder(self, *args, **kwargs):
         return _FusedEncoder(self)

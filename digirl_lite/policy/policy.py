@@ -10,6 +10,7 @@ from typing import Any, NamedTuple
 
 import torch
 
+from digirl_lite.policy.decoding import decode
 from digirl_lite.policy.model import AutoUIModel
 from digirl_lite.policy.tokenizer import SIM_TOKENIZER_FILE, HFTokenizer, SPTokenizer
 
@@ -177,12 +178,6 @@ class AutoUIPolicy:
         img = _as_tensor(image_features).to(self.device)
         if img.shape[0] != len(prompts):
             raise ValueError(f"{len(prompts)} prompts but {img.shape[0]} image rows")
-        kwargs: dict[str, Any] = {
-            "max_new_tokens": max_new_tokens,
-            "pad_token_id": self.tokenizer.pad_token_id,
-            "eos_token_id": self.tokenizer.eos_token_id,
-            "decoder_start_token_id": self.model.config.decoder_start_token_id,
-        }
         processors: list[Any] = []
         sampler = None
         if constrained:
@@ -194,17 +189,15 @@ class AutoUIPolicy:
 
             sampler = CategoricalSampler(temperature)
             processors.append(sampler)
-        kwargs["do_sample"] = False
-        if processors:
-            from transformers import LogitsProcessorList
-
-            kwargs["logits_processor"] = LogitsProcessorList(processors)
         state = None
         if generator_seed is not None:
             state = torch.random.get_rng_state()
             torch.manual_seed(generator_seed)
         try:
-            out = self.model.generate(**enc, image_ids=img, **kwargs)
+            # the greedy loop over the processed scores: the sampler makes it sampling
+            out = decode(self.model, enc["input_ids"], enc["attention_mask"], img,
+                         max_new_tokens, self.tokenizer.eos_token_id,
+                         self.tokenizer.pad_token_id, processors)
         finally:
             if state is not None:
                 torch.random.set_rng_state(state)

@@ -9,11 +9,22 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import subprocess
+import sys
+from dataclasses import replace
 from typing import Any
 
 from digirl_lite.train.config import ConfigError, load_config, sim_quick, sim_webshop
 
-__all__ = ["run_parser", "config_from_args", "cache_dir_of", "print_table"]
+__all__ = ["run_parser", "config_from_args", "cache_dir_of", "print_table", "SPLIT_FIELDS",
+           "per_process", "launch_processes"]
+
+SPLIT_FIELDS = ("n_envs", "rollouts_per_iteration", "actor_batch", "critic_batch")
+"""What ``--processes N`` divides among the processes, so that N processes run the same
+experiment as one: the phones, the online trajectories per iteration and the two
+minibatches (gradients are averaged, so N minibatches of ``b / N`` rows are one of ``b``).
+The pile and the evaluations are already shared out by the Trainer."""
 
 
 def run_parser(description: str, out: str = "runs/webshop") -> argparse.ArgumentParser:
@@ -30,7 +41,41 @@ def run_parser(description: str, out: str = "runs/webshop") -> argparse.Argument
                     help="starting policy and pile cache (default: $DIGIRL_LITE_CACHE or "
                          "~/.cache/digirl_lite; '' to disable)")
     ap.add_argument("--quiet", action="store_true", help="no progress lines or bars")
+    ap.add_argument("--processes", type=int, default=1, metavar="N",
+                    help="run the same experiment on N data-parallel processes of this "
+                         "machine (gloo; the CPUs' threads divided among them): "
+                         + ", ".join(SPLIT_FIELDS) + " are divided by N")
     return ap
+
+
+def per_process(cfg, n: int):
+    """``cfg`` with the :data:`SPLIT_FIELDS` divided by ``n``: what each of ``n`` processes
+    runs so that together they run ``cfg``. ConfigError naming the field that ``n`` does not
+    divide."""
+    if n < 1:
+        raise ConfigError(f"--processes must be at least 1, got {n}")
+    if n == 1:
+        return cfg
+    bad = [f"{f}={getattr(cfg, f)}" for f in SPLIT_FIELDS if getattr(cfg, f) % n]
+    if bad:
+        raise ConfigError(f"--processes {n} must divide {', '.join(bad)} (each process runs "
+                          f"a 1/{n} share of {', '.join(SPLIT_FIELDS)})")
+    return replace(cfg, **{f: getattr(cfg, f) // n for f in SPLIT_FIELDS})
+
+
+def launch_processes(n: int, script: str, argv: list[str]) -> int:
+    """Run ``python script argv`` as ``n`` processes of a standalone
+    ``torch.distributed.run`` group on this machine, each with its share of the threads
+    (``OMP_NUM_THREADS``, or the CPUs, divided by ``n``); returns the group's exit status.
+
+    On this project's 2-CPU machine the main job's operations are too small for two
+    threads to speed them up much (one process: about 950 s at 1 thread, 900 s at 2);
+    two processes of one thread each split every phase's work instead."""
+    threads = int(os.environ.get("OMP_NUM_THREADS") or os.cpu_count() or 1)
+    env = {**os.environ, "OMP_NUM_THREADS": str(max(1, threads // n))}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+           f"--nproc_per_node={n}", script, *argv]
+    return subprocess.run(cmd, env=env).returncode
 
 
 def config_from_args(args: argparse.Namespace, **extra: Any):
@@ -52,13 +97,23 @@ def config_from_args(args: argparse.Namespace, **extra: Any):
     overrides.update(extra)
     try:
         if args.config:
-            return load_config(args.config, preset="sim_quick" if args.quick else None,
-                               **overrides)
+            return _share(load_config(args.config, preset="sim_quick" if args.quick else None,
+                                      **overrides), args)
         cfg = (sim_quick if args.quick else sim_webshop)(**overrides)
         cfg.check_paths()
-        return cfg
+        return _share(cfg, args)
     except (ConfigError, TypeError, ValueError) as e:
         raise SystemExit(f"bad configuration: {e}") from None
+
+
+def _share(cfg, args: argparse.Namespace):
+    """This process's share of ``cfg`` under ``--processes`` (:func:`per_process`); inside
+    the group, the group must be the size asked for."""
+    n = getattr(args, "processes", 1)
+    world = os.environ.get("WORLD_SIZE")
+    if n > 1 and world is not None and int(world) != n:
+        raise ConfigError(f"--processes {n} inside a group of {world} processes")
+    return per_process(cfg, n)
 
 
 def cache_dir_of(args: argparse.Namespace):
