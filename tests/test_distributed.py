@@ -181,3 +181,9 @@ def test_main_job_with_processes_2_is_the_same_experiment_on_two_processes(tmp_p
     trajs, _ = TrajectoryStore.open(out / "store").load(with_images=False)
     assert sorted(t.traj_id for t in trajs if t.traj_id.startswith("online-")) == [
         f"online-s0-it{it:04d}-{j:05d}" for it in range(1, iterations + 1) for j in range(k)]
+    # resumed on one process, the run is refused, and the message says how it ran
+    again = subprocess.run([c for c in cmd if c not in ("--processes", "2")] + ["--resume"],
+                           cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert again.returncode != 0
+    assert "n_envs: 2 in the run, 4 now" in again.stderr
+    assert "it ran on 2 processes, this is 1" in again.stderr

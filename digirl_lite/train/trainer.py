@@ -1182,10 +1182,14 @@ class Trainer:
         if changed and not allow_config_change:
             lines = "\n  ".join(f"{k}: {a!r} in the run, {b!r} now" for k, (a, b)
                                 in changed.items())
+            ran_on = state["summary"].get("processes", 1)
+            hint = (f" (it ran on {ran_on} processes, this is {self.world}: the recipes' "
+                    f"--processes {ran_on} gives each its share)" if ran_on != self.world
+                    else "")
             raise ConfigError(
                 f"{self.out} was run with another configuration:\n  {lines}\nresume with "
-                "the same settings, or pass --allow-config-change (allow_config_change=True)"
-                " to go on under the new ones")
+                f"the same settings{hint}, or pass --allow-config-change "
+                "(allow_config_change=True) to go on under the new ones")
         self.policy = load_policy(d / "policy", **load_kwargs(self.cfg)
                                   ).to(self.accelerator.device)
         tensors = torch.load(d / "state.pt", map_location="cpu", weights_only=True)
