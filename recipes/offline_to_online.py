@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 
 from digirl_lite.train.cli import (
+    add_processes_argument,
     cache_dir_of,
     config_from_args,
     launch_processes,
@@ -37,6 +38,7 @@ def main(argv: list[str] | None = None) -> dict:
                     help="with --resume: go on under a config that differs from the run's")
     ap.add_argument("--filtered-bc", action="store_true",
                     help="also run Filtered BC on the same budget (in OUT/filtered_bc)")
+    add_processes_argument(ap)
     args = ap.parse_args(argv)
     cfg = config_from_args(args)  # a config that cannot run fails here, before any launch
     if args.processes > 1 and "WORLD_SIZE" not in os.environ:

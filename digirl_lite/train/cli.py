@@ -18,7 +18,7 @@ from typing import Any
 from digirl_lite.train.config import ConfigError, load_config, sim_quick, sim_webshop
 
 __all__ = ["run_parser", "config_from_args", "cache_dir_of", "print_table", "SPLIT_FIELDS",
-           "per_process", "launch_processes"]
+           "per_process", "launch_processes", "add_processes_argument"]
 
 SPLIT_FIELDS = ("n_envs", "rollouts_per_iteration", "actor_batch", "critic_batch")
 """What ``--processes N`` divides among the processes, so that N processes run the same
@@ -41,11 +41,16 @@ def run_parser(description: str, out: str = "runs/webshop") -> argparse.Argument
                     help="starting policy and pile cache (default: $DIGIRL_LITE_CACHE or "
                          "~/.cache/digirl_lite; '' to disable)")
     ap.add_argument("--quiet", action="store_true", help="no progress lines or bars")
+    return ap
+
+
+def add_processes_argument(ap: argparse.ArgumentParser) -> None:
+    """``--processes N`` for a recipe that launches itself on N processes
+    (:func:`launch_processes`); :func:`config_from_args` then gives each its share."""
     ap.add_argument("--processes", type=int, default=1, metavar="N",
                     help="run the same experiment on N data-parallel processes of this "
                          "machine (gloo; the CPUs' threads divided among them): "
                          + ", ".join(SPLIT_FIELDS) + " are divided by N")
-    return ap
 
 
 def per_process(cfg, n: int):
