@@ -1,4 +1,5 @@
-"""Sampling from the policy's distribution, exactly and cheaply, inside ``generate()``.
+"""Sampling from the policy's distribution, exactly and cheaply, as a logits processor (of
+:func:`digirl_lite.policy.decoding.decode`, or of ``generate()``).
 
 transformers samples with ``torch.multinomial``, which on a CPU costs about 3 ms per decoding
 step for 16 rows over the preset's 10,874-piece vocabulary, as much as the model's own step
