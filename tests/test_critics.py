@@ -359,6 +359,20 @@ def test_embedding_cache_encodes_each_distinct_text_once():
     assert cache.encode_calls == 3
 
 
+def test_embedding_cache_put_and_warm_shared_on_one_process():
+    enc = HashEncoder(8)
+    cache = EmbeddingCache(enc)
+    cache.put(["a", "b", "a"], torch.arange(24.0).reshape(3, 8))
+    assert torch.equal(cache.get(["a", "b"]), torch.arange(16.0).reshape(2, 8))  # first "a"
+    cache.put(["a"], torch.zeros(1, 8))  # already there: kept as it was
+    assert torch.equal(cache.get(["a"])[0], torch.arange(8.0)) and enc.calls == []
+    with pytest.raises(ValueError, match=r"\(2, 8\) embeddings for 1 texts"):
+        cache.put(["c"], torch.zeros(2, 8))
+    # one process: warm_shared is warm of the new texts, in sorted order (not a set's)
+    assert cache.warm_shared({"z", "b", "y", "x"}) == 3
+    assert enc.calls == [["x", "y", "z"]]
+
+
 def test_embedding_cache_prune_keeps_the_needed_and_the_most_recent_spare():
     enc = HashEncoder(8)
     cache = EmbeddingCache(enc)

@@ -58,6 +58,56 @@ def _worker(rank: int, out: str) -> None:
         tdist.destroy_process_group()
 
 
+class _CountingEncoder:
+    """A frozen stand-in text encoder: a vector from each text's characters; records what it
+    was asked to encode."""
+
+    dim = 4
+
+    def __init__(self) -> None:
+        self.encoded: list[str] = []
+
+    def encode(self, texts):
+        self.encoded += list(texts)
+        return torch.tensor([[len(t), sum(map(ord, t)) % 97, ord(t[0]), ord(t[-1])]
+                             for t in texts], dtype=torch.float32)
+
+
+def _embed_worker(rank: int, out: str) -> None:
+    import torch.distributed as tdist
+
+    from digirl_lite.critics.text import EmbeddingCache
+
+    tdist.init_process_group("gloo", init_method=f"file://{out}/store", rank=rank,
+                             world_size=2)
+    try:
+        enc = _CountingEncoder()
+        cache = EmbeddingCache(enc)
+        cache.warm(["already here"])  # both had this one
+        texts = [f"prompt {i}" for i in range(11)] + ["already here", "prompt 3"]
+        mine = cache.warm_shared(set(texts))  # a set: its order differs between processes
+        torch.save({"encoded": enc.encoded, "mine": mine,
+                    "emb": cache.get(sorted(set(texts))), "calls": enc.encoded[:]},
+                   f"{out}/embed{rank}.pt")
+        tdist.barrier()
+    finally:
+        tdist.destroy_process_group()
+
+
+@pytest.mark.slow  # two spawned processes: 5-10 s
+def test_two_processes_share_the_text_encoding(tmp_path):
+    """EmbeddingCache.warm_shared: each process encodes half of the new texts, and both end
+    with every embedding (the same ones)."""
+    mp.spawn(_embed_worker, args=(str(tmp_path),), nprocs=2, join=True)
+    r0, r1 = (torch.load(tmp_path / f"embed{r}.pt", weights_only=True) for r in (0, 1))
+    new0, new1 = set(r0["encoded"]) - {"already here"}, set(r1["encoded"]) - {"already here"}
+    assert new0 | new1 == {f"prompt {i}" for i in range(11)} and not new0 & new1
+    assert (r0["mine"], r1["mine"]) == (6, 5)
+    assert torch.equal(r0["emb"], r1["emb"])
+    texts = sorted({f"prompt {i}" for i in range(11)} | {"already here"})
+    assert torch.equal(r0["emb"], _CountingEncoder().encode(texts))
+
+
 @pytest.mark.slow  # two spawned processes: 5-10 s
 def test_collectives_keep_one_set_of_weights_on_gloo(tmp_path):
     """Process 0's weights everywhere after the broadcast; gradients averaged (not summed,

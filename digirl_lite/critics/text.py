@@ -282,6 +282,43 @@ class EmbeddingCache:
         """Encode every text not yet cached (e.g. a whole buffer at once); return how many."""
         return self._ensure(list(texts))
 
+    def warm_shared(self, texts: Sequence[str]) -> int:
+        """:meth:`warm` shared out over the processes of a data-parallel run: the texts not
+        yet cached, in sorted order, are encoded a 1/N share per process and exchanged, so
+        every process holds all of them having encoded only its share (the encoder is
+        frozen: an embedding is the same wherever it was computed, and every process keeps
+        the one that was). Every process must call it (a collective); with one process it
+        is :meth:`warm` of the sorted texts. Returns how many this process encoded."""
+        from digirl_lite import distributed as dist
+
+        world = dist.world_size()
+        new = sorted(t for t in dict.fromkeys(texts) if t not in self._row)  # a set's order
+        if world == 1:  # varies with the hash seed; an encoder's batches should not
+            return self.warm(new)
+        mine = new[dist.rank()::world]
+        emb = torch.zeros(0, self.dim)
+        if mine:
+            emb = self.encoder.encode(mine).detach().to("cpu", torch.float32)
+            self.encode_calls += 1
+            self.misses += len(mine)
+        for got, rows in dist.all_gather((mine, emb)):
+            self.put(got, rows)
+        return len(mine)
+
+    def put(self, texts: Sequence[str], embeddings: torch.Tensor) -> None:
+        """Add embeddings computed elsewhere, (len(texts), dim), for the texts not cached."""
+        texts = list(texts)
+        if tuple(embeddings.shape) != (len(texts), self.dim):
+            raise ValueError(f"{tuple(embeddings.shape)} embeddings for {len(texts)} texts of "
+                             f"dim {self.dim}")
+        first: dict[str, int] = {}  # a text given twice: its first row
+        for i, t in enumerate(texts):
+            if t not in self._row and t not in first:
+                first[t] = i
+        if first:
+            rows = torch.tensor(list(first.values()), dtype=torch.long)
+            self._append(list(first), embeddings[rows].to(torch.float32))
+
     def prune(self, keep: Container[str], spare: int = SPARE_TEXTS) -> int:
         """Forget the embeddings not needed: every text in ``keep`` stays (e.g. the buffer's
         prompts and tasks, :func:`digirl_lite.critics.data.buffer_texts`), and of the others

@@ -604,13 +604,15 @@ class Trainer:
     def train_critics(self, updates: int) -> dict[str, float]:
         """``updates`` cross-entropy updates of both critics on the buffer's training split
         (none for Filtered BC, which never reads them)."""
-        from digirl_lite.critics.data import instruction_batch, step_batches
+        from digirl_lite.critics.data import buffer_texts, instruction_batch, step_batches
         from digirl_lite.critics.losses import instruction_critic_loss, step_critic_loss
 
         trajs = self.buffer.trajectories("train")
         if not trajs or updates <= 0 or self.cfg.algorithm == "filtered_bc":
             return {}
         s_loss = i_loss = float("nan")
+        # the prompts' embeddings: with N processes each encodes 1/N of the new ones
+        self.text.warm_shared(buffer_texts(trajs))
         batches = step_batches(trajs, self.screens, self.text, self.cfg.critic_batch,
                                rng=self.rng, drop_last=False)
         ib = instruction_batch(trajs, self.text)
