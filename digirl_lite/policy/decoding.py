@@ -25,28 +25,6 @@ __all__ = ["decode"]
 Processor = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
-def _rms_norm(norm: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """T5LayerNorm's arithmetic (scale only, the variance in float32)."""
-    var = x.to(torch.float32).pow(2).mean(-1, keepdim=True)
-    x = x * torch.rsqrt(var + norm.variance_epsilon)
-    if norm.weight.dtype in (torch.float16, torch.bfloat16):
-        x = x.to(norm.weight.dtype)
-    return norm.weight * x
-
-
-def _feed_forward(ff: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """T5LayerFF (T5DenseActDense or T5DenseGatedActDense), dropout off."""
-    dense = ff.DenseReluDense
-    h = _rms_norm(ff.layer_norm, x)
-    if hasattr(dense, "wi_0"):
-        h = dense.act(F.linear(h, dense.wi_0.weight)) * F.linear(h, dense.wi_1.weight)
-    else:
-        h = dense.act(F.linear(h, dense.wi.weight))
-    if h.dtype != dense.wo.weight.dtype and dense.wo.weight.dtype != torch.int8:
-        h = h.to(dense.wo.weight.dtype)
-    return x + F.linear(h, dense.wo.weight)
-
-
 def _heads(x: torch.Tensor, n_heads: int) -> torch.Tensor:
     """(B, T, H*dk) -> (B, H, T, dk)."""
     b, t, _ = x.shape
@@ -109,7 +87,7 @@ def decode(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
         x = dec.embed_tokens(ids[:, t:t + 1])  # (B, 1, d)
         for i, block in enumerate(blocks):
             sa = block.layer[0].SelfAttention
-            q, k, v = F.linear(_rms_norm(block.layer[0].layer_norm, x), qkv[i]).split(
+            q, k, v = F.linear(block.layer[0].layer_norm(x), qkv[i]).split(
                 sa.inner_dim, dim=-1)
             keys[i][:, :, t] = k.view(b, n_heads, dk)
             values[i][:, :, t] = v.view(b, n_heads, dk)
@@ -118,13 +96,13 @@ def decode(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
             a = torch.matmul(w, values[i][:, :, :t + 1]).transpose(1, 2).reshape(b, 1, -1)
             x = x + F.linear(a, sa.o.weight)
             ca = block.layer[1].EncDecAttention
-            q = _heads(F.linear(_rms_norm(block.layer[1].layer_norm, x), ca.q.weight), n_heads)
+            q = _heads(F.linear(block.layer[1].layer_norm(x), ca.q.weight), n_heads)
             ck, cv = cross_kv[i]
             w = torch.softmax(torch.matmul(q, ck.transpose(2, 3)) + cross_mask, dim=-1)
             a = torch.matmul(w, cv).transpose(1, 2).reshape(b, 1, -1)
             x = x + F.linear(a, ca.o.weight)
-            x = _feed_forward(block.layer[2], x)
-        h = _rms_norm(dec.final_layer_norm, x)[:, 0]
+            x = block.layer[2](x)  # T5's own feed-forward (dropout off in eval)
+        h = dec.final_layer_norm(x)[:, 0]
         scores = model.head_logits(h).to(torch.float32)
         for p in processors:
             scores = p(ids[:, :t + 1], scores)
