@@ -308,3 +308,68 @@ def test_value_bias_sets_a_fresh_heads_bias_and_only_ppo_reads_it(tmp_path):
         assert float(t.policy.value_head.linear.bias) == pytest.approx(bias)
     with pytest.raises(ValueError, match="value_bias"):
         sim_quick(value_bias=0.0)  # DigiRL has no value head
+
+
+def test_ppo_update_weighs_tokens_by_the_batch_weights():
+    """PPOBatch.weights (policy_loss_norm="trajectory"): at the first update (ratio 1) the
+    policy loss is minus the weighted mean advantage; equal weights are the token mean;
+    a missing or non-positive weight is refused, naming the rows."""
+    from digirl_lite.policy.updates import ppo_update
+
+    p = _small_policy(3)
+    b = _batch_from_samples(p, seed=2)
+    lengths = [len(a) for a in b.advantages]
+    weights = [1.0 / (i + 1) for i in range(len(lengths))]
+    adv = [a[0] for a in b.advantages]
+    expect = -sum(w * n * a for w, n, a in zip(weights, lengths, adv)) / sum(
+        w * n for w, n in zip(weights, lengths))
+    token_mean = -sum(n * a for n, a in zip(lengths, adv)) / sum(lengths)
+    assert expect != pytest.approx(token_mean, abs=1e-3)  # the weights matter here
+    opt = torch.optim.SGD(list(p.model.parameters()) + list(p.value_head.parameters()), lr=0.0)
+    got = ppo_update(p, opt, b._replace(weights=weights))["policy_loss"]
+    assert got == pytest.approx(expect, abs=1e-4)
+    same = ppo_update(p, opt, b._replace(weights=[0.3] * len(lengths)))["policy_loss"]
+    assert same == pytest.approx(token_mean, abs=1e-4)
+    for bad in ([1.0], [0.0] * len(lengths)):
+        with pytest.raises(ValueError, match="one positive weight per row"):
+            ppo_update(p, opt, b._replace(weights=bad))
+
+
+def test_trajectory_loss_norm_weighs_every_trajectory_alike(tmp_path):
+    """policy_loss_norm="trajectory": a token's weight is 1 / its trajectory's tokens, so a
+    GRPO group of a one-step success and a three-step failure pulls with net advantage 0
+    (the token mean is negative: the failure has more tokens); "token" gives no weights;
+    DigiRL refuses the field (it has no such loss) and a bad value names the field."""
+    from digirl_lite.actions import parse_action
+    from digirl_lite.data.records import Ending, Step, Trajectory
+    from digirl_lite.train.config import sim_quick
+    from digirl_lite.train.trainer import Trainer
+
+    text = '"action_type": "PRESS_HOME"'
+
+    def traj(name, reward, n_steps):
+        steps = [Step("task A", "Goal: task A", text, parse_action(text),
+                      float(reward and j == n_steps - 1), j == n_steps - 1, f"{name}-{j}",
+                      f"{name}-{j + 1}") for j in range(n_steps)]
+        return Trajectory(name, "task A", steps, float(reward),
+                          Ending.SUCCESS if reward else Ending.BUDGET)
+
+    trajs = [traj("win", 1, 1), traj("loss", 0, 3)]
+    t = Trainer(sim_quick(algorithm="grpo", policy_loss_norm="trajectory"), tmp_path / "a",
+                cache_dir=None, progress=False)
+    rows = t.ppo_rows(trajs)
+    w = t.policy_loss_weights(rows)
+    adv = np.concatenate([r.advantages for r in rows])
+    tok_w = np.repeat(w, [len(r.token_ids) for r in rows])
+    assert adv.mean() < -0.2  # token mean: the longer failure wins
+    assert float((adv * tok_w).sum() / tok_w.sum()) == pytest.approx(0.0, abs=1e-6)
+    per_traj = {r.traj_id: 0.0 for r in rows}
+    for r, x in zip(rows, w):
+        per_traj[r.traj_id] += x * len(r.token_ids)
+    assert per_traj == pytest.approx({"win": 1.0, "loss": 1.0})
+    assert Trainer(sim_quick(algorithm="grpo"), tmp_path / "b", cache_dir=None,
+                   progress=False).policy_loss_weights(rows) is None
+    with pytest.raises(ValueError, match="policy_loss_norm='trajectory' has no effect"):
+        sim_quick(policy_loss_norm="trajectory")
+    with pytest.raises(ValueError, match="policy_loss_norm"):
+        sim_quick(algorithm="ppo", policy_loss_norm="sequence")

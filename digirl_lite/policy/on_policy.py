@@ -31,6 +31,8 @@ class PPORow(NamedTuple):
         advantages: per token (PPO: token-level GAE; GRPO: the trajectory's group advantage).
         returns: per token, ``advantages + values`` (PPO); empty under GRPO.
         values: per token, the value head's values (PPO); empty under GRPO.
+        traj_id: the step's trajectory (``policy_loss_norm="trajectory"`` weighs each
+            trajectory's tokens together).
     """
 
     step: Step
@@ -39,6 +41,7 @@ class PPORow(NamedTuple):
     advantages: list[float]
     returns: list[float]
     values: list[float]
+    traj_id: str = ""
 
 
 def text_token_ids(policy, texts: Sequence[str]) -> list[tuple[int, ...]]:
@@ -118,7 +121,7 @@ def on_policy_rows(trajs: Sequence[Trajectory], policy, screens: ScreenTable, *,
             for s in t.steps:
                 n = len(ids[k])
                 rows.append(PPORow(s, ids[k], list(s.action_log_probs) or [0.0] * n,
-                                   [adv_of[t.traj_id]] * n, [], []))
+                                   [adv_of[t.traj_id]] * n, [], [], t.traj_id))
                 k += 1
         return rows
     values = token_values(policy, steps, ids, screens)
@@ -132,6 +135,7 @@ def on_policy_rows(trajs: Sequence[Trajectory], policy, screens: ScreenTable, *,
         for j, s in enumerate(t.steps):
             a, b = bounds[j], bounds[j + 1]
             rows.append(PPORow(s, ids[k + j], list(s.action_log_probs) or [0.0] * (b - a),
-                               adv[a:b].tolist(), ret[a:b].tolist(), v[a:b].tolist()))
+                               adv[a:b].tolist(), ret[a:b].tolist(), v[a:b].tolist(),
+                               t.traj_id))
         k += n_steps
     return rows

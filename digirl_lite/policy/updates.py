@@ -143,7 +143,8 @@ class PPOBatch(NamedTuple):
     step, each as long as that step's action tokens (the behaviour policy's recorded
     log-probabilities: ``Step.action_log_probs``; advantages and value targets from
     :func:`digirl_lite.ppo.token_gae`, or GRPO's trajectory advantage on every token with no
-    value targets: ``returns`` None).
+    value targets: ``returns`` None). ``weights``: one per step, how much each of its tokens
+    counts in the policy loss and the KL (None: every token alike, a token mean).
     """
 
     prompts: Sequence[str]
@@ -152,6 +153,7 @@ class PPOBatch(NamedTuple):
     old_log_probs: Sequence[Sequence[float]]
     advantages: Sequence[Sequence[float]]
     returns: Sequence[Sequence[float]] | None
+    weights: Sequence[float] | None = None
 
 
 def pad_rows(rows: Sequence[Sequence[float]], width: int, device) -> torch.Tensor:
@@ -168,7 +170,8 @@ def ppo_update(policy, opt, batch: PPOBatch, *, clip_eps: float = 0.2,
     """One token-level PPO step (DARWIN.md A.5): the clipped surrogate on the ratio of the
     policy's log-probability of each sampled token to the recorded one, plus
     ``value_coef`` times the value head's MSE to the returns, plus ``kl_coef`` times the
-    k3 estimate of KL(policy || behaviour policy); each a mean over the batch's tokens.
+    k3 estimate of KL(policy || behaviour policy); each a mean over the batch's tokens
+    (the policy loss and the KL weighted by ``batch.weights`` where given: a weighted mean).
 
     ``update_policy=False`` is the critic warm-up (A.6): only the value loss, and only the
     value head steps (the optimizer's other parameters get no gradient).
@@ -188,6 +191,10 @@ def ppo_update(policy, opt, batch: PPOBatch, *, clip_eps: float = 0.2,
         if not (len(ids) == len(lp) == len(adv)) or not ids:
             raise ValueError(f"row {i}: {len(ids)} tokens, {len(lp)} recorded log-probs and "
                              f"{len(adv)} advantages (they must match, and be at least 1)")
+    if batch.weights is not None and (len(batch.weights) != n
+                                      or not all(w > 0 for w in batch.weights)):
+        raise ValueError(f"a PPO batch has one positive weight per row, got "
+                         f"{list(batch.weights)} for {n} rows")
     if batch.returns is None and (value_coef and not update_policy):
         raise ValueError("the critic warm-up needs value targets (returns)")
     policy.model.train()
@@ -201,8 +208,12 @@ def ppo_update(policy, opt, batch: PPOBatch, *, clip_eps: float = 0.2,
     adv = pad_rows(batch.advantages, width, dev)
     log_ratio = (new_lp - old) * m
     ratio = log_ratio.exp()
-    pol = (ppo_clip_loss(ratio, adv, clip_eps) * m).sum() / n_tok
-    kl = (kl_k3(new_lp, old) * m).sum() / n_tok
+    w = m  # each token's weight in the policy loss and the KL
+    if batch.weights is not None:
+        w = m * torch.as_tensor(list(batch.weights), dtype=m.dtype, device=dev)[:, None]
+    w_sum = w.sum().clamp(min=1e-12)
+    pol = (ppo_clip_loss(ratio, adv, clip_eps) * w).sum() / w_sum
+    kl = (kl_k3(new_lp, old) * w).sum() / w_sum
     val = torch.zeros((), device=dev)
     if batch.returns is not None:
         ret = pad_rows(batch.returns, width, dev)

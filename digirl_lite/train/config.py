@@ -21,7 +21,8 @@ ALGORITHMS = ("digirl", "filtered_bc", "awr", "ppo", "grpo")
 STEP_FILTERS = ("paper", "released", "none")  # digirl_lite.filters.STEP_FILTERS
 LEARNERS = ("sync", "async")
 ASYNC_FLEETS = ("async", "ray")  # the fleets with start / take (rollout.async_fleet)
-_PPO = ("ppo_clip_eps", "ppo_epochs", "ppo_minibatch", "kl_coef")  # PPO and GRPO
+_PPO = ("ppo_clip_eps", "ppo_epochs", "ppo_minibatch", "kl_coef",
+        "policy_loss_norm")  # PPO and GRPO
 _PPO_ONLY = ("ppo_gamma", "ppo_lam", "value_coef", "value_lr", "value_bias",
              "critic_warmup_updates")
 _DIGIRL = ("instruction_filter", "step_filter", "critic_loss", "awr_beta", "awr_max_weight")
@@ -322,6 +323,15 @@ class DigiRLConfig:
     kl_coef: float = 0.0
     """Weight of the k3 KL to the sampling policy (0: off, the clip alone keeps updates
     small; the KL is logged either way)."""
+    policy_loss_norm: str = "token"
+    """How PPO's and GRPO's policy loss (and KL) averages over tokens: "token" (every action
+    token alike, a token mean over the minibatch, as DAPO; the default) or "trajectory" (each
+    trajectory's tokens together weigh as much as any other trajectory's: a token's weight is
+    1 / the action tokens of its trajectory in the iteration, as the original GRPO's
+    per-sample mean, over a multi-turn trajectory). Under "token" a trajectory counts by its
+    length: on the simulator failures are 2-3x longer than successes, so the token-weighted
+    mean advantage of a GRPO iteration is negative (``benchmarks/grpo_token_balance.py``);
+    under "trajectory" it is 0 in every group with signal. Darwin (A.5) does not say."""
     grpo_group: int = 4
     """GRPO: attempts per task per iteration (``rollouts_per_iteration`` must be a multiple;
     Darwin gives no number)."""
@@ -403,6 +413,9 @@ class DigiRLConfig:
             raise ValueError(f"rollouts_per_iteration ({self.rollouts_per_iteration}) must be "
                              f"a multiple of grpo_group ({self.grpo_group}): GRPO draws each "
                              "task grpo_group times")
+        if self.policy_loss_norm not in ("token", "trajectory"):
+            raise ValueError(f"policy_loss_norm must be 'token' or 'trajectory', "
+                             f"got {self.policy_loss_norm!r}")
         if self.actor_precision not in ("bf16", "fp32"):
             raise ValueError(f"actor_precision must be 'bf16' or 'fp32', "
                              f"got {self.actor_precision!r}")

@@ -660,14 +660,26 @@ class Trainer:
         return on_policy_rows(trajs, self.policy, self.screens, algorithm=c.algorithm,
                               gamma=c.ppo_gamma, lam=c.ppo_lam, monte_carlo=monte_carlo)
 
-    def _ppo_batch(self, rows, pick) -> Any:
+    def _ppo_batch(self, rows, pick, weights: Sequence[float] | None = None) -> Any:
         from digirl_lite.policy.updates import PPOBatch
 
         chosen = [rows[i] for i in pick]
         prompts, feats, _ = steps_to_batch([r[0] for r in chosen], self.screens, self.policy)
         return PPOBatch(prompts, feats, [r[1] for r in chosen], [r[2] for r in chosen],
                         [r[3] for r in chosen],
-                        None if self.cfg.algorithm == "grpo" else [r[4] for r in chosen])
+                        None if self.cfg.algorithm == "grpo" else [r[4] for r in chosen],
+                        None if weights is None else [weights[i] for i in pick])
+
+    def policy_loss_weights(self, rows) -> np.ndarray | None:
+        """Each row's token weight in the policy loss under ``policy_loss_norm``: None for
+        "token" (a token mean); for "trajectory", 1 / the tokens of the row's trajectory
+        among ``rows`` (every trajectory weighs the same)."""
+        if self.cfg.policy_loss_norm == "token":
+            return None
+        tokens: dict[str, int] = {}
+        for r in rows:
+            tokens[r.traj_id] = tokens.get(r.traj_id, 0) + len(r.token_ids)
+        return np.array([1.0 / tokens[r.traj_id] for r in rows])
 
     def train_on_policy(self, trajs: Sequence[Trajectory]) -> dict[str, Any]:
         """PPO or GRPO on this iteration's own trajectories: ``ppo_epochs`` passes in
@@ -679,6 +691,7 @@ class Trainer:
         rows = [r for r in self.ppo_rows(trajs) if r[0].action_log_probs]
         if not rows:
             return {"ppo_steps": 0}
+        weights = self.policy_loss_weights(rows)
         stats: list[dict[str, float]] = []
         with actor_precision(self.policy, c.actor_precision):
             for _ in range(c.ppo_epochs):
@@ -686,15 +699,19 @@ class Trainer:
                 for pick in np.array_split(self.rng.permutation(len(rows)),
                                            max(1, -(-len(rows) // c.ppo_minibatch))):
                     stats.append(ppo_update(
-                        self.policy, self.actor_opt, self._ppo_batch(rows, pick),
+                        self.policy, self.actor_opt, self._ppo_batch(rows, pick, weights),
                         clip_eps=c.ppo_clip_eps,
                         value_coef=c.value_coef if c.algorithm == "ppo" else 0.0,
                         kl_coef=c.kl_coef, grad_clip=c.actor_grad_clip))
         out = {k: round(float(np.mean([s[k] for s in stats])), 4) for k in stats[0]}
         out["ratio_max"] = round(max(s["ratio_max"] for s in stats), 4)
         adv = np.concatenate([r[3] for r in rows])
+        w = (np.ones(len(adv)) if weights is None
+             else np.repeat(weights, [len(r[3]) for r in rows]))
+        # the mean advantage as the policy loss weighs tokens (its sign: what the update
+        # does, on balance, to what every attempt shares)
         return {**out, "ppo_steps": len(rows), "ppo_tokens": int(len(adv)),
-                "mean_advantage": round(float(adv.mean()), 4)}
+                "mean_advantage": round(float((adv * w).sum() / w.sum()), 4)}
 
     def warm_up_value_head(self, trajs: Sequence[Trajectory]) -> dict[str, Any]:
         """PPO's offline phase (Darwin A.6): ``critic_warmup_updates`` value-head-only
