@@ -373,3 +373,161 @@ def test_trajectory_loss_norm_weighs_every_trajectory_alike(tmp_path):
         sim_quick(policy_loss_norm="trajectory")
     with pytest.raises(ValueError, match="policy_loss_norm"):
         sim_quick(algorithm="ppo", policy_loss_norm="sequence")
+
+
+# -- issue 28: the readings and the settings that tell a collapse's causes apart ---------------
+
+def test_draw_groups_split_a_task_drawn_twice():
+    """GRPO by draw: the 8 attempts of an iteration that drew task A twice (4 each) are two
+    groups of 4, so two draws that both succeed and both fail carry their own signal; by
+    task they were one group of 8."""
+    from digirl_lite.actions import parse_action
+    from digirl_lite.data.records import Ending, Step, Trajectory
+    from digirl_lite.policy.on_policy import draw_groups
+
+    text = '"action_type": "PRESS_HOME"'
+
+    def traj(k, task):
+        step = Step(task, f"Goal: {task}", text, parse_action(text), 0.0, True, f"s{k}", f"t{k}")
+        return Trajectory(f"online-s0-it0001-{k:05d}", task, [step], 0.0, Ending.BUDGET)
+
+    trajs = [traj(k, "task A" if k < 8 else "task B") for k in range(12)]
+    g = draw_groups(trajs, 4)
+    assert len(set(g.values())) == 3
+    assert g[trajs[0].traj_id] == g[trajs[3].traj_id] != g[trajs[4].traj_id]
+    assert g[trajs[8].traj_id] == ("task B", 2)
+    odd = Trajectory("pile-x", "task A", trajs[0].steps, 0.0, Ending.BUDGET)
+    assert draw_groups([odd], 4)["pile-x"] == ("task A", -1)  # no draw number: by task
+
+
+def test_grpo_rows_by_draw_and_by_task(tmp_path):
+    """Two draws of one task, one all successes and one all failures: by draw neither group
+    has signal (every advantage 0); by task (the old grouping) the successes get +1 and the
+    failures -1."""
+    from digirl_lite.actions import parse_action
+    from digirl_lite.data.records import Ending, Step, Trajectory
+    from digirl_lite.train.config import sim_quick
+    from digirl_lite.train.trainer import Trainer
+
+    text = '"action_type": "PRESS_HOME"'
+
+    def traj(k, reward):
+        step = Step("task A", "Goal: task A", text, parse_action(text), float(reward), True,
+                    f"s{k}", f"t{k}")
+        return Trajectory(f"online-s0-it0001-{k:05d}", "task A", [step], float(reward),
+                          Ending.SUCCESS if reward else Ending.BUDGET)
+
+    trajs = [traj(k, 1 if k < 4 else 0) for k in range(8)]
+    by_draw = Trainer(sim_quick(algorithm="grpo"), tmp_path / "a", cache_dir=None,
+                      progress=False).ppo_rows(trajs)
+    assert all(r[3][0] == 0.0 for r in by_draw)
+    by_task = Trainer(sim_quick(algorithm="grpo", grpo_groups="task"), tmp_path / "b",
+                      cache_dir=None, progress=False).ppo_rows(trajs)
+    assert [round(r[3][0]) for r in by_task] == [1] * 4 + [-1] * 4
+
+
+def test_negative_scale_zero_leaves_a_batch_of_failures_alone():
+    """negative_scale=0 (A > 0 only): a batch whose every advantage is negative gives the
+    policy no gradient (its weights do not move); at 1 they do."""
+    from digirl_lite.policy.updates import ppo_update
+
+    for scale, moves in ((0.0, False), (1.0, True)):
+        p = _small_policy(3)
+        b = _batch_from_samples(p, adv_sign=(-1, -1), seed=2)
+        before = p.model.lm_head.weight.detach().clone()
+        opt = torch.optim.SGD(list(p.model.parameters()), lr=1.0)
+        out = ppo_update(p, opt, b, value_coef=0.0, grad_clip=None, negative_scale=scale)
+        assert (out["grad_norm_policy"] > 0) == moves
+        assert (not torch.equal(p.model.lm_head.weight, before)) == moves
+    with pytest.raises(ValueError, match="negative_scale"):
+        ppo_update(p, opt, b, negative_scale=1.5)
+
+
+def test_value_grad_clip_caps_the_value_head_apart():
+    """One global cap scales the policy's gradient by the value head's norm too; with
+    value_grad_clip each is capped alone (the gradients left on the parameters after the
+    update show the caps), and the norms reported are those before any cap."""
+    from digirl_lite.policy.updates import ppo_update
+
+    p = _small_policy(4)
+    b = _batch_from_samples(p, seed=3)
+    params = list(p.model.parameters()) + list(p.value_head.parameters())
+    opt = torch.optim.SGD(params, lr=0.0)
+
+    def norm(ps):
+        return float(torch.linalg.vector_norm(torch.stack([q.grad.norm() for q in ps
+                                                           if q.grad is not None])))
+
+    out = ppo_update(p, opt, b, value_coef=1.0, grad_clip=1e-3, value_grad_clip=0.5)
+    assert out["grad_norm_policy"] > 1e-3 and out["grad_norm_value"] > 1e-3
+    assert norm(p.model.parameters()) == pytest.approx(1e-3, rel=1e-3)
+    assert norm(p.value_head.parameters()) == pytest.approx(
+        min(0.5, out["grad_norm_value"]), rel=1e-3)
+    ppo_update(p, opt, b, value_coef=1.0, grad_clip=1e-3)  # one cap over both
+    assert norm(params) == pytest.approx(1e-3, rel=1e-3)
+
+
+def test_kl_to_a_reference_is_zero_on_itself_and_positive_elsewhere():
+    """batch.ref_log_probs: the KL penalty's reference. Equal to the recorded ones, kl_ref
+    is kl (0 at the first update); shifted, it is positive."""
+    from digirl_lite.policy.updates import ppo_update
+
+    p = _small_policy(5)
+    b = _batch_from_samples(p, seed=4)
+    opt = torch.optim.SGD(list(p.model.parameters()) + list(p.value_head.parameters()), lr=0.0)
+    same = ppo_update(p, opt, b._replace(ref_log_probs=b.old_log_probs), kl_coef=0.1)
+    assert same["kl_ref"] == pytest.approx(same["kl"], abs=1e-6)
+    assert same["kl_ref"] == pytest.approx(0.0, abs=1e-5)
+    shifted = [[x - 0.5 for x in r] for r in b.old_log_probs]
+    assert ppo_update(p, opt, b._replace(ref_log_probs=shifted), kl_coef=0.1)["kl_ref"] \
+        == pytest.approx(np.exp(-0.5) - 1 + 0.5, rel=1e-3)
+    assert np.isnan(ppo_update(p, opt, b)["kl_ref"])
+
+
+def test_token_entropies_are_those_of_the_next_token_distribution():
+    """token_entropies: per action token, the entropy of the policy's softmax where it wrote
+    the token; between 0 and log(V), and the same as computed from the logits by hand."""
+    p = _small_policy(6)
+    b = _batch_from_samples(p, seed=5)
+    ent = p.token_entropies(list(b.prompts), b.feats, list(b.token_ids))
+    assert [len(e) for e in ent] == [len(t) for t in b.token_ids]
+    flat = np.concatenate(ent)
+    assert (flat >= 0).all() and (flat <= np.log(p.model.config.vocab_size) + 1e-4).all()
+    # by hand for row 0
+    enc = p._encode_prompts(list(b.prompts[:1]))
+    labels, mask = p._labels(None, list(b.token_ids[:1]))
+    with torch.no_grad():
+        _, hidden = p.model.action_token_outputs(enc["input_ids"], enc["attention_mask"],
+                                                 b.feats[:1], labels, mask)
+        probs = torch.softmax(p.model.head_logits(hidden)[0], -1)
+    want = -(probs * probs.log()).sum(-1).numpy()
+    assert ent[0] == pytest.approx(want[:len(ent[0])], abs=1e-4)
+
+
+@pytest.mark.parametrize("field, value", [("negative_advantage_scale", -0.1),
+                                          ("negative_advantage_scale", 1.5),
+                                          ("value_grad_clip", 0.0), ("advantage_norm", "z"),
+                                          ("kl_reference", "best"), ("grpo_groups", "x")])
+def test_on_policy_settings_are_checked(field, value):
+    from digirl_lite.train.config import sim_quick
+
+    algorithm = "grpo" if field == "grpo_groups" else "ppo"
+    with pytest.raises(ValueError, match=field):
+        sim_quick(algorithm=algorithm, **{field: value})
+
+
+@pytest.mark.parametrize("field, value", [("negative_advantage_scale", 0.0),
+                                          ("value_grad_clip", 0.01), ("advantage_norm", "batch"),
+                                          ("grpo_groups", "task")])
+def test_on_policy_settings_are_refused_where_unread(field, value):
+    """A field the algorithm does not read is refused away from its default (DigiRL reads
+    none of these; GRPO has no value head; PPO has no groups)."""
+    from digirl_lite.train.config import sim_quick
+
+    with pytest.raises(ValueError, match="has no effect"):
+        sim_quick(algorithm="digirl", **{field: value})
+    other = "ppo" if field == "grpo_groups" else ("grpo" if field in (
+        "value_grad_clip", "advantage_norm") else None)
+    if other:
+        with pytest.raises(ValueError, match="has no effect"):
+            sim_quick(algorithm=other, **{field: value})

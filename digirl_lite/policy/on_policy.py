@@ -10,14 +10,15 @@ checkpoint, so what the report shows is what the learner computes. The math is
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
 if TYPE_CHECKING:  # pragma: no cover
     from digirl_lite.data.records import ScreenTable, Step, Trajectory
 
-__all__ = ["PPORow", "text_token_ids", "token_ids", "token_values", "on_policy_rows"]
+__all__ = ["PPORow", "text_token_ids", "token_ids", "token_values", "on_policy_rows",
+           "draw_groups"]
 
 
 class PPORow(NamedTuple):
@@ -75,17 +76,33 @@ def token_values(policy, steps: Sequence[Step], ids: Sequence[Sequence[int]],
     return out
 
 
+def draw_groups(trajs: Sequence[Trajectory], group_size: int) -> dict[str, tuple[str, int]]:
+    """GRPO's groups by draw: each trajectory's (task, draw), the draw being the index of
+    its episode in the iteration (the ``-{k:05d}`` ending of an online trajectory id: the
+    fleets number episodes in task order, and an iteration's tasks are each drawn
+    ``group_size`` times in a row) divided by ``group_size``. A task drawn twice in one
+    iteration makes two groups, not one of twice the size. An id without that ending
+    groups by task alone."""
+    out: dict[str, tuple[str, int]] = {}
+    for t in trajs:
+        tail = t.traj_id.rsplit("-", 1)[-1]
+        out[t.traj_id] = (t.task, int(tail) // group_size if tail.isdigit() else -1)
+    return out
+
+
 def on_policy_rows(trajs: Sequence[Trajectory], policy, screens: ScreenTable, *,
                    algorithm: str = "ppo", gamma: float = 0.99, lam: float = 0.95,
-                   monte_carlo: bool = False) -> list[PPORow]:
+                   monte_carlo: bool = False, groups: dict[str, Any] | None = None
+                   ) -> list[PPORow]:
     """A :class:`PPORow` per step of ``trajs``.
 
     PPO: token-level GAE (:func:`digirl_lite.ppo.token_gae`) on the value head's values;
     every trajectory is terminal (value 0 after its last step), an infrastructure
     truncation included (Darwin A.6). ``monte_carlo``: lambda 1 (the returns no longer
-    depend on the values: the warm-up's targets). GRPO: the trajectories of one task form
-    its group; its standardised rewards go to every token (no returns, no values), and an
-    infrastructure truncation is left out of it. A trajectory with an unjudged step is left
+    depend on the values: the warm-up's targets). GRPO: the trajectories of one group
+    (``groups``: a key per trajectory id, e.g. :func:`draw_groups`; None: by task) share
+    their standardised rewards, on every token (no returns, no values), and an
+    infrastructure truncation is left out of its group. A trajectory with an unjudged step is left
     out (its reward is unknown).
 
     Args:
@@ -96,6 +113,7 @@ def on_policy_rows(trajs: Sequence[Trajectory], policy, screens: ScreenTable, *,
         gamma: PPO's discount across steps (the run's ``ppo_gamma``).
         lam: GAE's lambda (the run's ``ppo_lam``).
         monte_carlo: lambda 1 instead of ``lam``.
+        groups: GRPO's group of each trajectory id (None: its task).
     """
     from digirl_lite import ppo
 
@@ -109,11 +127,11 @@ def on_policy_rows(trajs: Sequence[Trajectory], policy, screens: ScreenTable, *,
     ids = token_ids(policy, steps)
     rows = []
     if algorithm == "grpo":
-        groups: dict[str, list[Trajectory]] = {}
+        members: dict[Any, list[Trajectory]] = {}
         for t in trajs:
-            groups.setdefault(t.task, []).append(t)
+            members.setdefault(t.task if groups is None else groups[t.traj_id], []).append(t)
         adv_of = {}
-        for group in groups.values():
+        for group in members.values():
             a = ppo.grpo_advantages([t.final_reward for t in group])
             adv_of.update({t.traj_id: float(x) for t, x in zip(group, a)})
         k = 0

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
+import numpy as np
 import torch
 
 from digirl_lite.policy.decoding import decode
@@ -248,6 +249,27 @@ class AutoUIPolicy:
         wrote), not of a re-tokenised string: an importance ratio must score the very tokens
         that were sampled."""
         return self._score(prompts, image_features, None, values=True, token_ids=token_ids)
+
+    @torch.no_grad()
+    def token_entropies(self, prompts: Sequence[str], image_features: Any,
+                        token_ids: Sequence[Sequence[int]]) -> list[np.ndarray]:
+        """The entropy (nats) of the policy's next-token distribution at each of the given
+        action tokens (teacher-forced on them), one array per row: how spread the policy
+        is where it acted (issue 28's reading of an on-policy update's health)."""
+        if len(prompts) != len(token_ids):
+            raise ValueError(f"{len(prompts)} prompts but {len(token_ids)} token rows")
+        out: list[np.ndarray] = []
+        for a in range(0, len(prompts), self.bucket_rows):
+            p, t = list(prompts[a:a + self.bucket_rows]), list(token_ids[a:a + self.bucket_rows])
+            enc = self._encode_prompts(p)
+            labels, mask = self._labels(None, t)
+            img = _as_tensor(image_features[a:a + self.bucket_rows]).to(self.device)
+            _, hidden = self.model.action_token_outputs(enc["input_ids"], enc["attention_mask"],
+                                                         img, labels, mask)
+            logp = torch.log_softmax(self.model.head_logits(hidden).float(), dim=-1)
+            ent = -(logp.exp() * logp).sum(-1)
+            out += [ent[i, :len(r)].cpu().numpy() for i, r in enumerate(t)]
+        return out
 
     def _labels(self, actions: Sequence[str] | None,
                 token_ids: Sequence[Sequence[int]] | None) -> tuple[torch.Tensor, torch.Tensor]:

@@ -145,6 +145,8 @@ class PPOBatch(NamedTuple):
     :func:`digirl_lite.ppo.token_gae`, or GRPO's trajectory advantage on every token with no
     value targets: ``returns`` None). ``weights``: one per step, how much each of its tokens
     counts in the policy loss and the KL (None: every token alike, a token mean).
+    ``ref_log_probs``: per token, the KL penalty's reference policy's log-probabilities
+    (None: the recorded ones, i.e. the KL to the sampling policy).
     """
 
     prompts: Sequence[str]
@@ -154,6 +156,7 @@ class PPOBatch(NamedTuple):
     advantages: Sequence[Sequence[float]]
     returns: Sequence[Sequence[float]] | None
     weights: Sequence[float] | None = None
+    ref_log_probs: Sequence[Sequence[float]] | None = None
 
 
 def pad_rows(rows: Sequence[Sequence[float]], width: int, device) -> torch.Tensor:
@@ -166,19 +169,29 @@ def pad_rows(rows: Sequence[Sequence[float]], width: int, device) -> torch.Tenso
 
 def ppo_update(policy, opt, batch: PPOBatch, *, clip_eps: float = 0.2,
                value_coef: float = 0.5, kl_coef: float = 0.0,
-               grad_clip: float | None = 1.0, update_policy: bool = True) -> dict[str, float]:
+               grad_clip: float | None = 1.0, update_policy: bool = True,
+               negative_scale: float = 1.0, value_grad_clip: float | None = None
+               ) -> dict[str, float]:
     """One token-level PPO step (DARWIN.md A.5): the clipped surrogate on the ratio of the
     policy's log-probability of each sampled token to the recorded one, plus
     ``value_coef`` times the value head's MSE to the returns, plus ``kl_coef`` times the
-    k3 estimate of KL(policy || behaviour policy); each a mean over the batch's tokens
-    (the policy loss and the KL weighted by ``batch.weights`` where given: a weighted mean).
+    k3 estimate of KL(policy || reference) (``batch.ref_log_probs``, else the behaviour
+    policy); each a mean over the batch's tokens (the policy loss and the KL weighted by
+    ``batch.weights`` where given: a weighted mean).
+
+    ``negative_scale`` multiplies every negative advantage (1: the plain objective; 0: only
+    better-than-expected tokens are pushed). ``grad_clip`` caps the gradient norm of the
+    policy's weights, and of the value head's with them unless ``value_grad_clip`` caps the
+    value head's apart (one global cap lets the value loss take the policy's share).
 
     ``update_policy=False`` is the critic warm-up (A.6): only the value loss, and only the
     value head steps (the optimizer's other parameters get no gradient).
 
     Returns:
-        ``policy_loss``, ``value_loss``, ``kl`` (k3, mean), ``clip_fraction`` (tokens whose
-        ratio left [1 - eps, 1 + eps]) and ``ratio_max``.
+        ``policy_loss``, ``value_loss``, ``kl`` (k3 to the behaviour policy, mean),
+        ``kl_ref`` (k3 to ``batch.ref_log_probs``; NaN without them), ``clip_fraction``
+        (tokens whose ratio left [1 - eps, 1 + eps]), ``ratio_max``, ``ratio_min``, and the
+        gradient norms before any cap: ``grad_norm_policy`` and ``grad_norm_value``.
     """
     from digirl_lite.ppo import kl_k3, ppo_clip_loss
 
@@ -197,6 +210,8 @@ def ppo_update(policy, opt, batch: PPOBatch, *, clip_eps: float = 0.2,
                          f"{list(batch.weights)} for {n} rows")
     if batch.returns is None and (value_coef and not update_policy):
         raise ValueError("the critic warm-up needs value targets (returns)")
+    if not 0.0 <= negative_scale <= 1.0:
+        raise ValueError(f"negative_scale must be in [0, 1], got {negative_scale}")
     policy.model.train()
     opt.zero_grad()
     new_lp, values, mask = policy.token_ids_log_probs_and_values(
@@ -206,6 +221,8 @@ def ppo_update(policy, opt, batch: PPOBatch, *, clip_eps: float = 0.2,
     n_tok = m.sum().clamp(min=1.0)
     old = pad_rows(batch.old_log_probs, width, dev)
     adv = pad_rows(batch.advantages, width, dev)
+    if negative_scale != 1.0:
+        adv = torch.where(adv < 0, adv * negative_scale, adv)
     log_ratio = (new_lp - old) * m
     ratio = log_ratio.exp()
     w = m  # each token's weight in the policy loss and the KL
@@ -214,24 +231,40 @@ def ppo_update(policy, opt, batch: PPOBatch, *, clip_eps: float = 0.2,
     w_sum = w.sum().clamp(min=1e-12)
     pol = (ppo_clip_loss(ratio, adv, clip_eps) * w).sum() / w_sum
     kl = (kl_k3(new_lp, old) * w).sum() / w_sum
+    kl_ref = torch.full((), float("nan"))
+    if batch.ref_log_probs is not None:
+        kl_ref = (kl_k3(new_lp, pad_rows(batch.ref_log_probs, width, dev)) * w).sum() / w_sum
     val = torch.zeros((), device=dev)
     if batch.returns is not None:
         ret = pad_rows(batch.returns, width, dev)
         val = (((values - ret) ** 2) * m).sum() / n_tok
     loss = value_coef * val
     if update_policy:
-        loss = loss + pol + kl_coef * kl
+        loss = loss + pol + kl_coef * (kl if batch.ref_log_probs is None else kl_ref)
     loss.backward()
-    params = list(policy.parameters()) + list(policy.value_head.parameters())
+    actor = list(policy.parameters())
+    head = list(policy.value_head.parameters())
     if not update_policy:
-        for p in policy.parameters():
+        for p in actor:
             p.grad = None  # the actor is frozen during the warm-up
-    average_gradients(params)
-    if grad_clip:
-        torch.nn.utils.clip_grad_norm_(params, grad_clip)
+    average_gradients(actor + head)
+    norm_actor, norm_head = _grad_norm(actor), _grad_norm(head)
+    if grad_clip and value_grad_clip:
+        torch.nn.utils.clip_grad_norm_(actor, grad_clip)
+        torch.nn.utils.clip_grad_norm_(head, value_grad_clip)
+    elif grad_clip:
+        torch.nn.utils.clip_grad_norm_(actor + head, grad_clip)
     opt.step()
     with torch.no_grad():
         clipped = ((ratio - 1.0).abs() > clip_eps) & mask.bool()
         return {"policy_loss": float(pol), "value_loss": float(val), "kl": float(kl),
-                "clip_fraction": float(clipped.sum() / n_tok),
-                "ratio_max": float(ratio[mask.bool()].max())}
+                "kl_ref": float(kl_ref), "clip_fraction": float(clipped.sum() / n_tok),
+                "ratio_max": float(ratio[mask.bool()].max()),
+                "ratio_min": float(ratio[mask.bool()].min()),
+                "grad_norm_policy": norm_actor, "grad_norm_value": norm_head}
+
+
+def _grad_norm(params) -> float:
+    """The L2 norm of ``params``' gradients together (0 where none has one)."""
+    grads = [p.grad.detach().float().norm() for p in params if p.grad is not None]
+    return float(torch.linalg.vector_norm(torch.stack(grads))) if grads else 0.0

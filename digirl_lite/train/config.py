@@ -21,17 +21,18 @@ ALGORITHMS = ("digirl", "filtered_bc", "awr", "ppo", "grpo")
 STEP_FILTERS = ("paper", "released", "none")  # digirl_lite.filters.STEP_FILTERS
 LEARNERS = ("sync", "async")
 ASYNC_FLEETS = ("async", "ray")  # the fleets with start / take (rollout.async_fleet)
-_PPO = ("ppo_clip_eps", "ppo_epochs", "ppo_minibatch", "kl_coef",
-        "policy_loss_norm")  # PPO and GRPO
+_PPO = ("ppo_clip_eps", "ppo_epochs", "ppo_minibatch", "kl_coef", "kl_reference",
+        "policy_loss_norm", "negative_advantage_scale")  # PPO and GRPO
 _PPO_ONLY = ("ppo_gamma", "ppo_lam", "value_coef", "value_lr", "value_bias",
-             "critic_warmup_updates")
+             "critic_warmup_updates", "value_grad_clip", "advantage_norm")
+_GRPO = ("grpo_group", "grpo_groups")
 _DIGIRL = ("instruction_filter", "step_filter", "critic_loss", "awr_beta", "awr_max_weight")
 #: fields an algorithm does not read; set away from their defaults, they are an error
 #: (an ablation that would silently change nothing). :func:`with_algorithm` resets them.
-UNREAD = {"digirl": ("awr_beta", "awr_max_weight", *_PPO, *_PPO_ONLY, "grpo_group"),
-          "filtered_bc": (*_DIGIRL, *_PPO, *_PPO_ONLY, "grpo_group"),
-          "awr": (*_PPO, *_PPO_ONLY, "grpo_group"),
-          "ppo": (*_DIGIRL, "grpo_group"),
+UNREAD = {"digirl": ("awr_beta", "awr_max_weight", *_PPO, *_PPO_ONLY, *_GRPO),
+          "filtered_bc": (*_DIGIRL, *_PPO, *_PPO_ONLY, *_GRPO),
+          "awr": (*_PPO, *_PPO_ONLY, *_GRPO),
+          "ppo": (*_DIGIRL, *_GRPO),
           "grpo": (*_DIGIRL, *_PPO_ONLY)}
 
 
@@ -321,8 +322,25 @@ class DigiRLConfig:
     collapsed the policy: ``value_bias`` 0 with ``critic_warmup_updates`` 0 is that setting).
     A head loaded with its policy keeps its own."""
     kl_coef: float = 0.0
-    """Weight of the k3 KL to the sampling policy (0: off, the clip alone keeps updates
-    small; the KL is logged either way)."""
+    """Weight of the k3 KL penalty to ``kl_reference`` in PPO's and GRPO's loss (0: off;
+    the KL to the sampling policy and to the starting policy are logged either way)."""
+    kl_reference: str = "start"
+    """What the KL penalty pulls towards: "start" (the policy the online phase started
+    from, frozen: what keeps an on-policy learner near a working policy, as RLHF's and
+    GRPO's reference model) or "sampling" (the policy that sampled the iteration, as
+    PPO's adaptive-KL variant)."""
+    negative_advantage_scale: float = 1.0
+    """Multiplies every negative advantage in PPO's and GRPO's policy loss (1: the plain
+    objective; 0: only tokens of better-than-expected steps are pushed, up; in between:
+    the negative half scaled down). Pushing a sampled token down spreads its probability
+    over every other token, unparseable ones included."""
+    value_grad_clip: float | None = None
+    """PPO: the value head's own gradient-norm cap (None: one global cap,
+    ``actor_grad_clip``, over the policy and the value head together, so the value loss's
+    gradient takes the policy's share of the cap)."""
+    advantage_norm: str = "none"
+    """PPO: "none" (GAE's advantages as they are) or "batch" (standardised over the
+    iteration's tokens: mean 0, std 1, as most PPO implementations do per batch)."""
     policy_loss_norm: str = "token"
     """How PPO's and GRPO's policy loss (and KL) averages over tokens: "token" (every action
     token alike, a token mean over the minibatch, as DAPO; the default) or "trajectory" (each
@@ -339,6 +357,11 @@ class DigiRLConfig:
     grpo_group: int = 4
     """GRPO: attempts per task per iteration (``rollouts_per_iteration`` must be a multiple;
     Darwin gives no number)."""
+    grpo_groups: str = "draw"
+    """GRPO: what forms a group: "draw" (the ``grpo_group`` attempts of one draw of a task;
+    a task drawn twice in an iteration makes two groups) or "task" (every attempt at the
+    same task text in the iteration, as before issue 28: a task drawn twice made one group
+    of 2 x ``grpo_group``)."""
     critic_warmup_updates: int = 30
     """PPO's offline phase: value-head-only updates on the pile, the actor frozen (Darwin
     A.6: 30 warm-up steps kept a fresh critic from collapsing the policy)."""
@@ -417,6 +440,20 @@ class DigiRLConfig:
             raise ValueError(f"rollouts_per_iteration ({self.rollouts_per_iteration}) must be "
                              f"a multiple of grpo_group ({self.grpo_group}): GRPO draws each "
                              "task grpo_group times")
+        if self.kl_reference not in ("start", "sampling"):
+            raise ValueError(f"kl_reference must be 'start' or 'sampling', "
+                             f"got {self.kl_reference!r}")
+        if not 0.0 <= self.negative_advantage_scale <= 1.0:
+            raise ValueError(f"negative_advantage_scale must be in [0, 1], "
+                             f"got {self.negative_advantage_scale}")
+        if self.value_grad_clip is not None and not self.value_grad_clip > 0:
+            raise ValueError(f"value_grad_clip must be positive or None, "
+                             f"got {self.value_grad_clip}")
+        if self.advantage_norm not in ("none", "batch"):
+            raise ValueError(f"advantage_norm must be 'none' or 'batch', "
+                             f"got {self.advantage_norm!r}")
+        if self.grpo_groups not in ("draw", "task"):
+            raise ValueError(f"grpo_groups must be 'draw' or 'task', got {self.grpo_groups!r}")
         if self.policy_loss_norm not in ("token", "trajectory"):
             raise ValueError(f"policy_loss_norm must be 'token' or 'trajectory', "
                              f"got {self.policy_loss_norm!r}")

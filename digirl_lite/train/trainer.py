@@ -207,6 +207,7 @@ class Trainer:
         self.rng = np.random.default_rng(cfg.seed + 7919 * self.rank)
         self.phase = ""  # the last phase done (RUN_PHASES, then "online")
         self._ckpt_seq = 0
+        self._reference = None  # PPO / GRPO: the frozen starting policy (reference_policy)
         self._stored: list[Trajectory] = []  # what the run's store held when resumed
         self._stored_ids: set[str] = set()  # ids in the run's store
         self.iteration = 0  # online iterations done
@@ -653,14 +654,19 @@ class Trainer:
         """(step, token ids, recorded log-probs, advantages, returns, values) per step of
         ``trajs`` for :func:`~digirl_lite.policy.updates.ppo_update`: this policy's
         :func:`digirl_lite.policy.on_policy.on_policy_rows` with the run's algorithm,
-        ``ppo_gamma`` and ``ppo_lam`` (``monte_carlo``: lambda 1, the warm-up's targets)."""
-        from digirl_lite.policy.on_policy import on_policy_rows
+        ``ppo_gamma`` and ``ppo_lam`` (``monte_carlo``: lambda 1, the warm-up's targets);
+        GRPO's groups by ``grpo_groups``."""
+        from digirl_lite.policy.on_policy import draw_groups, on_policy_rows
 
         c = self.cfg
+        groups = (draw_groups(trajs, c.grpo_group)
+                  if c.algorithm == "grpo" and c.grpo_groups == "draw" else None)
         return on_policy_rows(trajs, self.policy, self.screens, algorithm=c.algorithm,
-                              gamma=c.ppo_gamma, lam=c.ppo_lam, monte_carlo=monte_carlo)
+                              gamma=c.ppo_gamma, lam=c.ppo_lam, monte_carlo=monte_carlo,
+                              groups=groups)
 
-    def _ppo_batch(self, rows, pick, weights: Sequence[float] | None = None) -> Any:
+    def _ppo_batch(self, rows, pick, weights: Sequence[float] | None = None,
+                   ref: Sequence[Sequence[float]] | None = None) -> Any:
         from digirl_lite.policy.updates import PPOBatch
 
         chosen = [rows[i] for i in pick]
@@ -668,7 +674,8 @@ class Trainer:
         return PPOBatch(prompts, feats, [r[1] for r in chosen], [r[2] for r in chosen],
                         [r[3] for r in chosen],
                         None if self.cfg.algorithm == "grpo" else [r[4] for r in chosen],
-                        None if weights is None else [weights[i] for i in pick])
+                        None if weights is None else [weights[i] for i in pick],
+                        None if ref is None else [ref[i] for i in pick])
 
     def policy_loss_weights(self, rows) -> np.ndarray | None:
         """Each row's token weight in the policy loss under ``policy_loss_norm``: None for
@@ -681,36 +688,129 @@ class Trainer:
             tokens[r.traj_id] = tokens.get(r.traj_id, 0) + len(r.token_ids)
         return np.array([1.0 / tokens[r.traj_id] for r in rows])
 
+    def reference_policy(self):
+        """The frozen policy the online phase started from (the KL penalty's reference under
+        ``kl_reference="start"``, and the "KL to the start" of metrics.jsonl), or None where
+        it is not kept: it is kept with ``kl_coef`` > 0 and "start", and for policies of up
+        to 50M parameters (where a copy costs little). Made at the first online update and
+        saved in ``OUT/reference_policy`` (so a resumed run reads the same one)."""
+        if self._reference is not None:
+            return self._reference
+        c = self.cfg
+        if not ((c.kl_coef > 0 and c.kl_reference == "start")
+                or self.policy.num_parameters() <= 50_000_000):
+            return None
+        from digirl_lite.policy.base import load_policy
+        from digirl_lite.policy.factory import load_kwargs
+
+        d = self.out / "reference_policy"
+        if (d / "state.json").exists():
+            self._reference = load_policy(d / "policy", **load_kwargs(c),
+                                          device=self.accelerator.device)
+        else:
+            self._reference = copy.deepcopy(self.policy)
+            if self.is_main:
+                tmp = self.out / "reference_policy.tmp"
+                shutil.rmtree(tmp, ignore_errors=True)
+                self._reference.save(tmp / "policy")
+                atomic_write_text(tmp / "state.json", json.dumps(
+                    {"iteration": self.iteration}))
+                fsync_tree(tmp)
+                shutil.rmtree(d, ignore_errors=True)
+                os.replace(tmp, d)
+                fsync_dir(self.out)
+        self._reference.model.eval()
+        for p in self._reference.parameters():
+            p.requires_grad_(False)
+        return self._reference
+
+    def _rows_log_probs(self, policy, rows) -> list[np.ndarray]:
+        """``policy``'s log-probability of each row's tokens (no gradient), one array each."""
+        out: list[np.ndarray] = []
+        with torch.no_grad():
+            for a in range(0, len(rows), 64):
+                chunk = rows[a:a + 64]
+                prompts, feats, _ = steps_to_batch([r[0] for r in chunk], self.screens, policy)
+                lp, _, _ = policy.token_ids_log_probs_and_values(prompts, feats,
+                                                                 [r[1] for r in chunk])
+                out += [lp[i, :len(r[1])].float().cpu().numpy() for i, r in enumerate(chunk)]
+        return out
+
+    def _on_policy_readings(self, rows, trajs) -> tuple[dict[str, float], list | None]:
+        """What tells an on-policy iteration's health apart (issue 28), on the policy that
+        sampled it, before the update: the share of its sampled steps that did not parse,
+        the mean entropy of its next-token distribution at its sampled tokens, and its KL
+        (k3, token mean) to the starting policy. Returns them and the reference's
+        log-probabilities of every row's tokens (None without a reference)."""
+        from digirl_lite.ppo import kl_k3
+
+        steps = [s for t in trajs for s in t.steps]
+        out = {"sampled_invalid_share": round(
+            float(np.mean([not s.action.is_valid for s in steps])) if steps else 0.0, 4)}
+        if hasattr(self.policy, "token_entropies"):
+            prompts, feats, _ = steps_to_batch([r[0] for r in rows], self.screens, self.policy)
+            ent = self.policy.token_entropies(prompts, feats, [r[1] for r in rows])
+            out["entropy"] = round(float(np.concatenate(ent).mean()), 4)
+        ref = self.reference_policy()
+        if ref is None:
+            return out, None
+        ref_lp = self._rows_log_probs(ref, rows)
+        old = np.concatenate([np.asarray(r[2], dtype=np.float64) for r in rows])
+        out["kl_start"] = round(float(kl_k3(old, np.concatenate(ref_lp)).mean()), 5)
+        return out, ref_lp
+
+    def _normalised_advantages(self, rows) -> list[Any]:
+        """``rows`` with their advantages standardised over all their tokens
+        (``advantage_norm="batch"``; as they are otherwise)."""
+        if self.cfg.advantage_norm == "none" or not rows:
+            return list(rows)
+        adv = np.concatenate([np.asarray(r[3], dtype=np.float64) for r in rows])
+        mu, sd = float(adv.mean()), float(adv.std())
+        return [r._replace(advantages=((np.asarray(r[3]) - mu) / (sd + 1e-8)).tolist())
+                for r in rows]
+
     def train_on_policy(self, trajs: Sequence[Trajectory]) -> dict[str, Any]:
         """PPO or GRPO on this iteration's own trajectories: ``ppo_epochs`` passes in
         minibatches of ``ppo_minibatch`` steps, each ratio against the log-probabilities
-        recorded when the step was sampled. Returns the last pass's mean statistics."""
+        recorded when the step was sampled. Returns the last pass's mean statistics (the
+        gradient norms, clip fraction and KL of every pass: ``*_first`` for the first
+        pass's), and :meth:`_on_policy_readings`."""
         from digirl_lite.policy.updates import ppo_update
 
         c = self.cfg
         rows = [r for r in self.ppo_rows(trajs) if r[0].action_log_probs]
         if not rows:
             return {"ppo_steps": 0}
+        readings, ref_lp = self._on_policy_readings(rows, trajs)
+        rows = self._normalised_advantages(rows)
         weights = self.policy_loss_weights(rows)
-        stats: list[dict[str, float]] = []
+        ref = ref_lp if c.kl_reference == "start" else None
+        passes: list[list[dict[str, float]]] = []
         with actor_precision(self.policy, c.actor_precision):
             for _ in range(c.ppo_epochs):
-                stats = []
+                passes.append([])
                 for pick in np.array_split(self.rng.permutation(len(rows)),
                                            max(1, -(-len(rows) // c.ppo_minibatch))):
-                    stats.append(ppo_update(
-                        self.policy, self.actor_opt, self._ppo_batch(rows, pick, weights),
+                    passes[-1].append(ppo_update(
+                        self.policy, self.actor_opt, self._ppo_batch(rows, pick, weights, ref),
                         clip_eps=c.ppo_clip_eps,
                         value_coef=c.value_coef if c.algorithm == "ppo" else 0.0,
-                        kl_coef=c.kl_coef, grad_clip=c.actor_grad_clip))
-        out = {k: round(float(np.mean([s[k] for s in stats])), 4) for k in stats[0]}
+                        kl_coef=c.kl_coef, grad_clip=c.actor_grad_clip,
+                        negative_scale=c.negative_advantage_scale,
+                        value_grad_clip=c.value_grad_clip if c.algorithm == "ppo" else None))
+        stats = passes[-1]
+        out = {k: round(float(np.nanmean([s[k] for s in stats])), 4) if not all(
+            np.isnan(s[k]) for s in stats) else None for k in stats[0]}
         out["ratio_max"] = round(max(s["ratio_max"] for s in stats), 4)
+        out["ratio_min"] = round(min(s["ratio_min"] for s in stats), 4)
+        for k in ("clip_fraction", "grad_norm_policy", "grad_norm_value"):
+            out[f"{k}_first"] = round(float(np.mean([s[k] for s in passes[0]])), 4)
         adv = np.concatenate([r[3] for r in rows])
         w = (np.ones(len(adv)) if weights is None
              else np.repeat(weights, [len(r[3]) for r in rows]))
         # the mean advantage as the policy loss weighs tokens (its sign: what the update
         # does, on balance, to what every attempt shares)
-        return {**out, "ppo_steps": len(rows), "ppo_tokens": int(len(adv)),
+        return {**out, **readings, "ppo_steps": len(rows), "ppo_tokens": int(len(adv)),
                 "mean_advantage": round(float((adv * w).sum() / w.sum()), 4)}
 
     def warm_up_value_head(self, trajs: Sequence[Trajectory]) -> dict[str, Any]:
