@@ -81,12 +81,16 @@ def draw_groups(trajs: Sequence[Trajectory], group_size: int) -> dict[str, tuple
     its episode in the iteration (the ``-{k:05d}`` ending of an online trajectory id: the
     fleets number episodes in task order, and an iteration's tasks are each drawn
     ``group_size`` times in a row) divided by ``group_size``. A task drawn twice in one
-    iteration makes two groups, not one of twice the size. An id without that ending
-    groups by task alone."""
+    iteration makes two groups, not one of twice the size. Trajectories that are not an
+    online iteration's (the pile's attempts, each task drawn once per attempt), or whose id
+    has no such ending, group by task alone."""
+    from digirl_lite.data.records import Source
+
     out: dict[str, tuple[str, int]] = {}
     for t in trajs:
         tail = t.traj_id.rsplit("-", 1)[-1]
-        out[t.traj_id] = (t.task, int(tail) // group_size if tail.isdigit() else -1)
+        draw = tail.isdigit() and t.source is Source.ONLINE
+        out[t.traj_id] = (t.task, int(tail) // group_size if draw else -1)
     return out
 
 

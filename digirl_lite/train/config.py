@@ -22,6 +22,7 @@ STEP_FILTERS = ("paper", "released", "none")  # digirl_lite.filters.STEP_FILTERS
 LEARNERS = ("sync", "async")
 ASYNC_FLEETS = ("async", "ray")  # the fleets with start / take (rollout.async_fleet)
 _PPO = ("ppo_clip_eps", "ppo_epochs", "ppo_minibatch", "kl_coef", "kl_reference",
+        "offline_policy_passes",
         "policy_loss_norm", "negative_advantage_scale")  # PPO and GRPO
 _PPO_ONLY = ("ppo_gamma", "ppo_lam", "value_coef", "value_lr", "value_bias",
              "critic_warmup_updates", "value_grad_clip", "advantage_norm")
@@ -354,6 +355,14 @@ class DigiRLConfig:
     held-out success after 30 iterations from a 62% start): GRPO 5.7% with "token", 44.8%
     with "trajectory"; PPO 8.9% and 12.0%. "token" stays the default: it is what every
     earlier result used, and neither stops the decay (DigiRL: 79.8%)."""
+    offline_policy_passes: int = 0
+    """PPO / GRPO: passes of the learner's own update over the pile in the offline phase
+    (after PPO's value warm-up), in minibatches of ``ppo_minibatch`` steps, each ratio
+    against the log-probabilities recorded when the pile was sampled: the pile is the
+    starting policy's own attempts, so it is on-policy data for it, and the clip keeps the
+    policy near the one that sampled it (GRPO groups the pile's attempts by task). 0: the
+    offline phase leaves the actor as it is (Darwin A.6: only the value head's warm-up).
+    DigiRL's offline phase trains the actor on the same pile."""
     grpo_group: int = 4
     """GRPO: attempts per task per iteration (``rollouts_per_iteration`` must be a multiple;
     Darwin gives no number)."""
@@ -429,6 +438,9 @@ class DigiRLConfig:
         if not (0 <= self.ppo_gamma <= 1 and 0 <= self.ppo_lam <= 1):
             raise ValueError(f"ppo_gamma and ppo_lam must be in [0, 1], got {self.ppo_gamma}, "
                              f"{self.ppo_lam}")
+        if self.offline_policy_passes < 0:
+            raise ValueError(f"offline_policy_passes must be >= 0, "
+                             f"got {self.offline_policy_passes}")
         for name in ("ppo_epochs", "ppo_minibatch", "grpo_group"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")

@@ -769,15 +769,18 @@ class Trainer:
         return [r._replace(advantages=((np.asarray(r[3]) - mu) / (sd + 1e-8)).tolist())
                 for r in rows]
 
-    def train_on_policy(self, trajs: Sequence[Trajectory]) -> dict[str, Any]:
-        """PPO or GRPO on this iteration's own trajectories: ``ppo_epochs`` passes in
+    def train_on_policy(self, trajs: Sequence[Trajectory], passes: int | None = None
+                        ) -> dict[str, Any]:
+        """PPO or GRPO on this iteration's own trajectories (or, in the offline phase, on the
+        pile: ``offline_policy_passes``): ``passes`` (default ``ppo_epochs``) passes in
         minibatches of ``ppo_minibatch`` steps, each ratio against the log-probabilities
         recorded when the step was sampled. Returns the last pass's mean statistics (the
-        gradient norms, clip fraction and KL of every pass: ``*_first`` for the first
-        pass's), and :meth:`_on_policy_readings`."""
+        clip fraction and gradient norms of the first pass: ``*_first``), and
+        :meth:`_on_policy_readings`."""
         from digirl_lite.policy.updates import ppo_update
 
         c = self.cfg
+        passes = c.ppo_epochs if passes is None else passes
         rows = [r for r in self.ppo_rows(trajs) if r[0].action_log_probs]
         if not rows:
             return {"ppo_steps": 0}
@@ -785,26 +788,26 @@ class Trainer:
         rows = self._normalised_advantages(rows)
         weights = self.policy_loss_weights(rows)
         ref = ref_lp if c.kl_reference == "start" else None
-        passes: list[list[dict[str, float]]] = []
+        done: list[list[dict[str, float]]] = []
         with actor_precision(self.policy, c.actor_precision):
-            for _ in range(c.ppo_epochs):
-                passes.append([])
+            for _ in self._iter(passes, "policy passes"):
+                done.append([])
                 for pick in np.array_split(self.rng.permutation(len(rows)),
                                            max(1, -(-len(rows) // c.ppo_minibatch))):
-                    passes[-1].append(ppo_update(
+                    done[-1].append(ppo_update(
                         self.policy, self.actor_opt, self._ppo_batch(rows, pick, weights, ref),
                         clip_eps=c.ppo_clip_eps,
                         value_coef=c.value_coef if c.algorithm == "ppo" else 0.0,
                         kl_coef=c.kl_coef, grad_clip=c.actor_grad_clip,
                         negative_scale=c.negative_advantage_scale,
                         value_grad_clip=c.value_grad_clip if c.algorithm == "ppo" else None))
-        stats = passes[-1]
+        stats = done[-1]
         out = {k: round(float(np.nanmean([s[k] for s in stats])), 4) if not all(
             np.isnan(s[k]) for s in stats) else None for k in stats[0]}
         out["ratio_max"] = round(max(s["ratio_max"] for s in stats), 4)
         out["ratio_min"] = round(min(s["ratio_min"] for s in stats), 4)
         for k in ("clip_fraction", "grad_norm_policy", "grad_norm_value"):
-            out[f"{k}_first"] = round(float(np.mean([s[k] for s in passes[0]])), 4)
+            out[f"{k}_first"] = round(float(np.mean([s[k] for s in done[0]])), 4)
         adv = np.concatenate([r[3] for r in rows])
         w = (np.ones(len(adv)) if weights is None
              else np.repeat(weights, [len(r[3]) for r in rows]))
@@ -923,8 +926,12 @@ class Trainer:
         c = self.cfg
         self.buffer.add(pile)
         if c.algorithm in ("ppo", "grpo"):  # the starting policy, its value head warmed up
-            info = (self._timed("offline_actor", lambda: self.warm_up_value_head(
-                self.buffer.trajectories("train"))) if c.algorithm == "ppo" else {})
+            train = self.buffer.trajectories("train")
+            info = (self._timed("offline_actor", lambda: self.warm_up_value_head(train))
+                    if c.algorithm == "ppo" else {})
+            if c.offline_policy_passes:  # and the learner's own update on the pile
+                info.update(self._timed("offline_actor", lambda: self.train_on_policy(
+                    train, passes=c.offline_policy_passes)))
             self.log(stage="offline", **info)
             return
         if c.algorithm != "filtered_bc":  # the critics' inputs
