@@ -14,7 +14,7 @@ import torch
 from digirl_lite.actions import Action, format_action
 from digirl_lite.data import Ending, Step, Trajectory
 from digirl_lite.train.config import DigiRLConfig, sim_quick, with_algorithm
-from digirl_lite.train.trainer import Trainer
+from digirl_lite.learners import make_learner
 
 TAP = format_action(Action.tap(x=0.5, y=0.62))
 # spec section 6: a six-step success (step 3, the voice-input mistake, has A < 0) and a
@@ -60,7 +60,7 @@ def fixed_critics(monkeypatch):
 def _select(trajectories: str, **cfg):
     stub = SimpleNamespace(cfg=DigiRLConfig(**cfg), text=None, screens=None,
                            instr_critic=None, step_critic=None)
-    steps, weights, info = Trainer.select_steps(stub, BUFFER, trajectories)
+    steps, weights, info = make_learner(stub).select_steps(BUFFER, trajectories)
     return [s.screen_id for s in steps], weights, info
 
 
@@ -139,22 +139,23 @@ def test_weighted_mle_update_is_the_weighted_mean():
 
 
 def test_train_actor_hands_each_minibatch_its_weights(monkeypatch):
-    import digirl_lite.train.trainer as trainer
+    import digirl_lite.learners.digirl as digirl
 
     seen = []
-    monkeypatch.setattr(trainer, "mle_update",
+    monkeypatch.setattr(digirl, "mle_update",
                         lambda policy, opt, steps, *a: seen.append((steps, a[-1])) or 0.5)
     steps = BUFFER[0].steps
     w = np.arange(1.0, 7.0)
     stub = SimpleNamespace(cfg=DigiRLConfig(actor_batch=4), rng=np.random.default_rng(0),
                            policy=None, actor_opt=None, screens=None, accelerator=None,
                            _iter=lambda n, desc: range(n))
-    assert Trainer.train_actor(stub, steps, 3, w) == 0.5
+    learner = make_learner(stub)
+    assert learner.train_actor(steps, 3, w) == 0.5
     assert len(seen) == 3
     for batch, bw in seen:  # each drawn step brings its own weight
         assert [w[steps.index(s)] for s in batch] == list(bw)
     seen.clear()
-    Trainer.train_actor(stub, steps, 1)
+    learner.train_actor(steps, 1)
     assert seen[0][1] is None
 
 

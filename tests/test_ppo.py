@@ -289,7 +289,7 @@ def test_grpo_leaves_infrastructure_truncations_out_of_their_group(tmp_path):
         return Trajectory(name, "task A", steps, float(reward), ending,
                           truncation_reason=reason)
 
-    rows = t.ppo_rows([traj("win", 1, Ending.SUCCESS), traj("loss", 0, Ending.BUDGET),
+    rows = t.learner.rows([traj("win", 1, Ending.SUCCESS), traj("loss", 0, Ending.BUDGET),
                        traj("cut", 0, Ending.INFRA, "device lost")])
     assert [r[0].screen_id for r in rows] == ["win-0", "loss-0"]
     assert [r[3][0] for r in rows] == pytest.approx([1.0, -1.0], abs=1e-4)  # std + eps
@@ -357,8 +357,8 @@ def test_trajectory_loss_norm_weighs_every_trajectory_alike(tmp_path):
     trajs = [traj("win", 1, 1), traj("loss", 0, 3)]
     t = Trainer(sim_quick(algorithm="grpo", policy_loss_norm="trajectory"), tmp_path / "a",
                 cache_dir=None, progress=False)
-    rows = t.ppo_rows(trajs)
-    w = t.policy_loss_weights(rows)
+    rows = t.learner.rows(trajs)
+    w = t.learner.policy_loss_weights(rows)
     adv = np.concatenate([r.advantages for r in rows])
     tok_w = np.repeat(w, [len(r.token_ids) for r in rows])
     assert adv.mean() < -0.2  # token mean: the longer failure wins
@@ -368,7 +368,7 @@ def test_trajectory_loss_norm_weighs_every_trajectory_alike(tmp_path):
         per_traj[r.traj_id] += x * len(r.token_ids)
     assert per_traj == pytest.approx({"win": 1.0, "loss": 1.0})
     assert Trainer(sim_quick(algorithm="grpo"), tmp_path / "b", cache_dir=None,
-                   progress=False).policy_loss_weights(rows) is None
+                   progress=False).learner.policy_loss_weights(rows) is None
     with pytest.raises(ValueError, match="policy_loss_norm='trajectory' has no effect"):
         sim_quick(policy_loss_norm="trajectory")
     with pytest.raises(ValueError, match="policy_loss_norm"):
@@ -419,10 +419,10 @@ def test_grpo_rows_by_draw_and_by_task(tmp_path):
 
     trajs = [traj(k, 1 if k < 4 else 0) for k in range(8)]
     by_draw = Trainer(sim_quick(algorithm="grpo"), tmp_path / "a", cache_dir=None,
-                      progress=False).ppo_rows(trajs)
+                      progress=False).learner.rows(trajs)
     assert all(r[3][0] == 0.0 for r in by_draw)
     by_task = Trainer(sim_quick(algorithm="grpo", grpo_groups="task"), tmp_path / "b",
-                      cache_dir=None, progress=False).ppo_rows(trajs)
+                      cache_dir=None, progress=False).learner.rows(trajs)
     assert [round(r[3][0]) for r in by_task] == [1] * 4 + [-1] * 4
 
 

@@ -67,7 +67,7 @@ def test_filtered_bc_trains_no_critics(tmp_path):
     t.offline(pile)
     assert all(torch.equal(a, b) for a, b in zip(before, t.step_critic.parameters()))
     assert "offline_critics" in t.timings and t.timings["offline_critics"] < 0.05
-    assert t.train_critics(5) == {}
+    assert t.learner.train_critics(5) == {}
 
 
 def test_quick_starts_from_the_shipped_policy():

@@ -73,7 +73,7 @@ def test_critic_updates_lower_the_loss(tiny_cfg, tmp_path):
     t.cfg.critic_batch = 64
     t.critic_opt = torch.optim.Adam(list(t.step_critic.parameters())
                                     + list(t.instr_critic.parameters()), lr=1e-3)
-    t.train_critics(60)
+    t.learner.train_critics(60)
     s1, i1 = losses()
     assert s1 < s0 and i1 < i0
 
@@ -87,14 +87,14 @@ def test_select_steps_filtered_bc_and_digirl(tiny_cfg, tmp_path):
     fbc = _trainer(DigiRLConfig.from_dict({**tiny_cfg.as_dict(),
                                            "algorithm": "filtered_bc"}), tmp_path, "fbc")
     fbc.screens = t.screens
-    steps, _, kept = fbc.select_steps(trajs, "top_p")
+    steps, _, kept = fbc.learner.select_steps(trajs, "top_p")
     assert kept["kept_trajectories"] == len(wins)
     assert len(steps) == sum(len(x) for x in wins)  # every step of every success
-    steps, _, kept = t.select_steps(trajs, "top_p")
+    steps, _, kept = t.learner.select_steps(trajs, "top_p")
     assert 0 < kept["kept_trajectories"] <= len(trajs)
     assert all(s.action.is_valid for s in steps)
     # offline: every success, with the step filter (a subset of their steps)
-    steps_off, _, kept_off = t.select_steps(trajs, "successes")
+    steps_off, _, kept_off = t.learner.select_steps(trajs, "successes")
     assert kept_off["kept_trajectories"] == len(wins)
     ids = {(x.traj_id, i) for x in wins for i in range(len(x))}
     assert len(steps_off) <= len(ids)
@@ -112,7 +112,7 @@ def test_actor_updates_change_the_policy_and_raise_likelihood(tiny_cfg, tmp_path
     lp0 = t.policy.log_prob(p, f, a).mean().item()
     t.cfg.actor_lr = 1e-3
     t.actor_opt = torch.optim.AdamW(t.policy.model.parameters(), lr=1e-3)
-    t.train_actor(steps, 30)
+    t.learner.train_actor(steps, 30)
     lp1 = t.policy.log_prob(p, f, a).mean().item()
     assert lp1 > lp0 + 5
     changed = [k for k, v in t.policy.model.state_dict().items() if not torch.equal(v, before[k])]
@@ -125,7 +125,7 @@ def test_checkpoint_round_trip(tiny_cfg, tmp_path):
     trajs = _with_features(t, *generate_pile("webshop", n=8, seed=3)[:2])
     t._store_append(trajs)
     t.buffer.add(trajs)
-    t.train_critics(3)
+    t.learner.train_critics(3)
     t.iteration, t.online_trajectories = 4, 64
     t.save_checkpoint()
     u = _trainer(tiny_cfg, tmp_path)

@@ -222,7 +222,7 @@ def test_the_main_job_runs_with_a_vlm_policy(tiny_vlm, tmp_path):
     demos, screens, _ = generate_demos("webshop", n=2, seed=0)
     t.screens.merge(screens)
     start = {n: w.detach().clone() for n, w in t.policy.model.named_parameters()}
-    loss = t.train_actor([s for d in demos for s in d.steps], 2)
+    loss = t.learner.train_actor([s for d in demos for s in d.steps], 2)
     assert np.isfinite(loss)
     changed = {n for n, w in t.policy.model.named_parameters() if not torch.equal(w, start[n])}
     assert changed and all("lora_" in n for n in changed)

@@ -1,7 +1,7 @@
 """The rows Darwin's learner trains on (PPO and GRPO), as functions of a policy: each step's
 token ids, the value head's per-token values, and token-level advantages and returns.
 
-:meth:`digirl_lite.train.Trainer.ppo_rows` calls :func:`on_policy_rows` with its own policy
+:meth:`digirl_lite.learners.ppo.PPO.rows` calls :func:`on_policy_rows` with its own policy
 and screens; the viewer (:class:`digirl_lite.viz.OnPolicyGrader`) calls it with a run's
 checkpoint, so what the report shows is what the learner computes. The math is
 :mod:`digirl_lite.ppo`'s.

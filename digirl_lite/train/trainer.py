@@ -35,17 +35,15 @@ import numpy as np
 import torch
 
 from digirl_lite import distributed as dist
-from digirl_lite import filters
-from digirl_lite.data.records import ScreenTable, Source, Step, Trajectory, screen_id_of_image
+from digirl_lite.data.records import ScreenTable, Source, Trajectory, screen_id_of_image
 from digirl_lite.data.replay import ReplayBuffer
 from digirl_lite.data.store import TrajectoryStore
 from digirl_lite.envs.base import Observation
 from digirl_lite.errors import ConfigError
+from digirl_lite.learners import make_learner
 from digirl_lite.paths import atomic_write_text, content_key, fsync_dir, fsync_tree, user_cache_dir
 from digirl_lite.policy.updates import (
-    actor_precision,
     mle_update,
-    pad_rows,
     steps_to_batch,
     text_mle_update,
 )
@@ -198,6 +196,7 @@ class Trainer:
         self.critic_opt = torch.optim.Adam(
             list(self.step_critic.parameters()) + list(self.instr_critic.parameters()),
             lr=cfg.critic_lr)
+        self.learner = make_learner(self)  # the update rule (digirl_lite.learners)
         self.actor_opt = self._actor_optimizer()
         # one set of weights on every process (process 0's), as DDP does at wrap time
         dist.broadcast_parameters(self.policy.model, self.step_critic, self.instr_critic)
@@ -207,7 +206,6 @@ class Trainer:
         self.rng = np.random.default_rng(cfg.seed + 7919 * self.rank)
         self.phase = ""  # the last phase done (RUN_PHASES, then "online")
         self._ckpt_seq = 0
-        self._reference = None  # PPO / GRPO: the frozen starting policy (reference_policy)
         self._stored: list[Trajectory] = []  # what the run's store held when resumed
         self._stored_ids: set[str] = set()  # ids in the run's store
         self.iteration = 0  # online iterations done
@@ -601,348 +599,17 @@ class Trainer:
         feats = screens.features(list(seen)) if seen else []
         return [(sid, screens.image(sid), f) for sid, f in zip(seen, feats)]
 
-    # -- critics --------------------------------------------------------------------------
-    def train_critics(self, updates: int) -> dict[str, float]:
-        """``updates`` cross-entropy updates of both critics on the buffer's training split
-        (none for Filtered BC, which never reads them)."""
-        from digirl_lite.critics.data import buffer_texts, instruction_batch, step_batches
-        from digirl_lite.critics.losses import instruction_critic_loss, step_critic_loss
-
-        trajs = self.buffer.trajectories("train")
-        if not trajs or updates <= 0 or self.cfg.algorithm == "filtered_bc":
-            return {}
-        s_loss = i_loss = float("nan")
-        # the prompts' embeddings: with N processes each encodes 1/N of the new ones
-        self.text.warm_shared(buffer_texts(trajs))
-        batches = step_batches(trajs, self.screens, self.text, self.cfg.critic_batch,
-                               rng=self.rng, drop_last=False)
-        ib = instruction_batch(trajs, self.text)
-        self.step_critic.train()
-        self.instr_critic.train()
-        accum = self.cfg.grad_accum  # step-critic minibatches per update (released: 32)
-        for _ in self._iter(updates, "critics"):
-            self.critic_opt.zero_grad()
-            s_loss = 0.0
-            for j in range(accum):
-                b = next(batches, None)
-                if b is None:
-                    batches = step_batches(trajs, self.screens, self.text,
-                                           self.cfg.critic_batch, rng=self.rng)
-                    b = next(batches)
-                loss = step_critic_loss(self.step_critic, b, self.cfg.critic_loss) / accum
-                s_loss += float(loss.detach())
-                if j == accum - 1:  # every task at once: the instruction critic's batch
-                    loss_i = instruction_critic_loss(self.instr_critic, ib, self.cfg.critic_loss)
-                    i_loss = float(loss_i.detach())
-                    loss = loss + loss_i
-                loss.backward()
-            dist.average_gradients(list(self.step_critic.parameters())
-                                   + list(self.instr_critic.parameters()))
-            self.critic_opt.step()
-        return {"step_critic_loss": round(s_loss, 4), "instr_critic_loss": round(i_loss, 4)}
-
+    # -- the learner (digirl_lite.learners: one file per algorithm) ---------------------------
     def _actor_optimizer(self) -> torch.optim.Optimizer:
-        """AdamW over the policy's weights, and its value head's under PPO."""
-        groups = [{"params": list(self.policy.parameters())}]
-        if self.cfg.algorithm == "ppo":
-            groups.append({"params": list(self.policy.value_head.parameters()),
-                           "lr": self.cfg.value_lr})
-        return torch.optim.AdamW(groups, lr=self.cfg.actor_lr)
+        """The learner's optimiser of the actor (AdamW at ``actor_lr``; PPO: the value head's
+        group at ``value_lr``)."""
+        return self.learner.make_actor_optimizer()
 
-    # -- Darwin's learner: PPO and GRPO ---------------------------------------------------
-    def ppo_rows(self, trajs: Sequence[Trajectory], monte_carlo: bool = False) -> list[Any]:
-        """(step, token ids, recorded log-probs, advantages, returns, values) per step of
-        ``trajs`` for :func:`~digirl_lite.policy.updates.ppo_update`: this policy's
-        :func:`digirl_lite.policy.on_policy.on_policy_rows` with the run's algorithm,
-        ``ppo_gamma`` and ``ppo_lam`` (``monte_carlo``: lambda 1, the warm-up's targets);
-        GRPO's groups by ``grpo_groups``."""
-        from digirl_lite.policy.on_policy import draw_groups, on_policy_rows
-
-        c = self.cfg
-        groups = (draw_groups(trajs, c.grpo_group)
-                  if c.algorithm == "grpo" and c.grpo_groups == "draw" else None)
-        return on_policy_rows(trajs, self.policy, self.screens, algorithm=c.algorithm,
-                              gamma=c.ppo_gamma, lam=c.ppo_lam, monte_carlo=monte_carlo,
-                              groups=groups)
-
-    def _ppo_batch(self, rows, pick, weights: Sequence[float] | None = None,
-                   ref: Sequence[Sequence[float]] | None = None) -> Any:
-        from digirl_lite.policy.updates import PPOBatch
-
-        chosen = [rows[i] for i in pick]
-        prompts, feats, _ = steps_to_batch([r[0] for r in chosen], self.screens, self.policy)
-        return PPOBatch(prompts, feats, [r[1] for r in chosen], [r[2] for r in chosen],
-                        [r[3] for r in chosen],
-                        None if self.cfg.algorithm == "grpo" else [r[4] for r in chosen],
-                        None if weights is None else [weights[i] for i in pick],
-                        None if ref is None else [ref[i] for i in pick])
-
-    def policy_loss_weights(self, rows) -> np.ndarray | None:
-        """Each row's token weight in the policy loss under ``policy_loss_norm``: None for
-        "token" (a token mean); for "trajectory", 1 / the tokens of the row's trajectory
-        among ``rows`` (every trajectory weighs the same)."""
-        if self.cfg.policy_loss_norm == "token":
-            return None
-        tokens: dict[str, int] = {}
-        for r in rows:
-            tokens[r.traj_id] = tokens.get(r.traj_id, 0) + len(r.token_ids)
-        return np.array([1.0 / tokens[r.traj_id] for r in rows])
-
-    def reference_policy(self):
-        """The frozen policy the online phase started from (the KL penalty's reference under
-        ``kl_reference="start"``, and the "KL to the start" of metrics.jsonl), or None where
-        it is not kept: it is kept with ``kl_coef`` > 0 and "start", and for policies of up
-        to 50M parameters (where a copy costs little). Made at the first online update and
-        saved in ``OUT/reference_policy`` (so a resumed run reads the same one)."""
-        if self._reference is not None:
-            return self._reference
-        c = self.cfg
-        if not ((c.kl_coef > 0 and c.kl_reference == "start")
-                or self.policy.num_parameters() <= 50_000_000):
-            return None
-        from digirl_lite.policy.base import load_policy
-        from digirl_lite.policy.factory import load_kwargs
-
-        d = self.out / "reference_policy"
-        if (d / "state.json").exists():
-            self._reference = load_policy(d / "policy", **load_kwargs(c),
-                                          device=self.accelerator.device)
-        else:
-            self._reference = copy.deepcopy(self.policy)
-            if self.is_main:
-                tmp = self.out / "reference_policy.tmp"
-                shutil.rmtree(tmp, ignore_errors=True)
-                self._reference.save(tmp / "policy")
-                atomic_write_text(tmp / "state.json", json.dumps(
-                    {"iteration": self.iteration}))
-                fsync_tree(tmp)
-                shutil.rmtree(d, ignore_errors=True)
-                os.replace(tmp, d)
-                fsync_dir(self.out)
-        self._reference.model.eval()
-        for p in self._reference.parameters():
-            p.requires_grad_(False)
-        return self._reference
-
-    def _rows_log_probs(self, policy, rows) -> list[np.ndarray]:
-        """``policy``'s log-probability of each row's tokens (no gradient), one array each."""
-        out: list[np.ndarray] = []
-        with torch.no_grad():
-            for a in range(0, len(rows), 64):
-                chunk = rows[a:a + 64]
-                prompts, feats, _ = steps_to_batch([r[0] for r in chunk], self.screens, policy)
-                lp, _, _ = policy.token_ids_log_probs_and_values(prompts, feats,
-                                                                 [r[1] for r in chunk])
-                out += [lp[i, :len(r[1])].float().cpu().numpy() for i, r in enumerate(chunk)]
-        return out
-
-    def _on_policy_readings(self, rows, trajs) -> tuple[dict[str, float], list | None]:
-        """What tells an on-policy iteration's health apart (issue 28), on the policy that
-        sampled it, before the update: the share of its sampled steps that did not parse,
-        the mean entropy of its next-token distribution at its sampled tokens, and its KL
-        (k3, token mean) to the starting policy. Returns them and the reference's
-        log-probabilities of every row's tokens (None without a reference)."""
-        from digirl_lite.ppo import kl_k3
-
-        steps = [s for t in trajs for s in t.steps]
-        out = {"sampled_invalid_share": round(
-            float(np.mean([not s.action.is_valid for s in steps])) if steps else 0.0, 4)}
-        if hasattr(self.policy, "token_entropies"):
-            prompts, feats, _ = steps_to_batch([r[0] for r in rows], self.screens, self.policy)
-            ent = self.policy.token_entropies(prompts, feats, [r[1] for r in rows])
-            out["entropy"] = round(float(np.concatenate(ent).mean()), 4)
-        ref = self.reference_policy()
-        if ref is None:
-            return out, None
-        ref_lp = self._rows_log_probs(ref, rows)
-        old = np.concatenate([np.asarray(r[2], dtype=np.float64) for r in rows])
-        out["kl_start"] = round(float(kl_k3(old, np.concatenate(ref_lp)).mean()), 5)
-        return out, ref_lp
-
-    def _normalised_advantages(self, rows) -> list[Any]:
-        """``rows`` with their advantages standardised over all their tokens
-        (``advantage_norm="batch"``; as they are otherwise)."""
-        if self.cfg.advantage_norm == "none" or not rows:
-            return list(rows)
-        adv = np.concatenate([np.asarray(r[3], dtype=np.float64) for r in rows])
-        mu, sd = float(adv.mean()), float(adv.std())
-        return [r._replace(advantages=((np.asarray(r[3]) - mu) / (sd + 1e-8)).tolist())
-                for r in rows]
-
-    def train_on_policy(self, trajs: Sequence[Trajectory], passes: int | None = None
-                        ) -> dict[str, Any]:
-        """PPO or GRPO on this iteration's own trajectories (or, in the offline phase, on the
-        pile: ``offline_policy_passes``): ``passes`` (default ``ppo_epochs``) passes in
-        minibatches of ``ppo_minibatch`` steps, each ratio against the log-probabilities
-        recorded when the step was sampled. Returns the last pass's mean statistics (the
-        clip fraction and gradient norms of the first pass: ``*_first``), and
-        :meth:`_on_policy_readings`."""
-        from digirl_lite.policy.updates import ppo_update
-
-        c = self.cfg
-        passes = c.ppo_epochs if passes is None else passes
-        rows = [r for r in self.ppo_rows(trajs) if r[0].action_log_probs]
-        if not rows:
-            return {"ppo_steps": 0}
-        readings, ref_lp = self._on_policy_readings(rows, trajs)
-        rows = self._normalised_advantages(rows)
-        weights = self.policy_loss_weights(rows)
-        ref = ref_lp if c.kl_reference == "start" else None
-        done: list[list[dict[str, float]]] = []
-        with actor_precision(self.policy, c.actor_precision):
-            for _ in self._iter(passes, "policy passes"):
-                done.append([])
-                for pick in np.array_split(self.rng.permutation(len(rows)),
-                                           max(1, -(-len(rows) // c.ppo_minibatch))):
-                    done[-1].append(ppo_update(
-                        self.policy, self.actor_opt, self._ppo_batch(rows, pick, weights, ref),
-                        clip_eps=c.ppo_clip_eps,
-                        value_coef=c.value_coef if c.algorithm == "ppo" else 0.0,
-                        kl_coef=c.kl_coef, grad_clip=c.actor_grad_clip,
-                        negative_scale=c.negative_advantage_scale,
-                        value_grad_clip=c.value_grad_clip if c.algorithm == "ppo" else None))
-        stats = done[-1]
-        out = {k: round(float(np.nanmean([s[k] for s in stats])), 4) if not all(
-            np.isnan(s[k]) for s in stats) else None for k in stats[0]}
-        out["ratio_max"] = round(max(s["ratio_max"] for s in stats), 4)
-        out["ratio_min"] = round(min(s["ratio_min"] for s in stats), 4)
-        for k in ("clip_fraction", "grad_norm_policy", "grad_norm_value"):
-            out[f"{k}_first"] = round(float(np.mean([s[k] for s in done[0]])), 4)
-        adv = np.concatenate([r[3] for r in rows])
-        w = (np.ones(len(adv)) if weights is None
-             else np.repeat(weights, [len(r[3]) for r in rows]))
-        # the mean advantage as the policy loss weighs tokens (its sign: what the update
-        # does, on balance, to what every attempt shares)
-        return {**out, **readings, "ppo_steps": len(rows), "ppo_tokens": int(len(adv)),
-                "mean_advantage": round(float((adv * w).sum() / w.sum()), 4)}
-
-    def warm_up_value_head(self, trajs: Sequence[Trajectory]) -> dict[str, Any]:
-        """PPO's offline phase (Darwin A.6): ``critic_warmup_updates`` value-head-only
-        updates on ``trajs`` (the pile), Monte-Carlo token returns as targets, the actor
-        frozen."""
-        from digirl_lite.policy.updates import ppo_update
-
-        c = self.cfg
-        if c.critic_warmup_updates <= 0:
-            return {}
-        rows = self.ppo_rows(trajs, monte_carlo=True)
-        if not rows:
-            return {}
-        held = self.rng.permutation(len(rows))[:256]  # the loss before and after, on these
-        before = self._value_loss(rows, held)
-        for _ in self._iter(c.critic_warmup_updates, "critic warm-up"):
-            pick = self.rng.integers(0, len(rows), min(c.ppo_minibatch, len(rows)))
-            ppo_update(self.policy, self.actor_opt, self._ppo_batch(rows, pick),
-                       value_coef=1.0, grad_clip=c.actor_grad_clip, update_policy=False)
-        return {"warmup_value_loss_before": round(before, 5),
-                "warmup_value_loss_after": round(self._value_loss(rows, held), 5)}
-
-    def _value_loss(self, rows, pick) -> float:
-        """The value head's token-mean MSE to the rows' returns (no gradient)."""
-        b = self._ppo_batch(rows, pick)
-        with torch.no_grad():
-            _, v, m = self.policy.token_ids_log_probs_and_values(list(b.prompts), b.feats,
-                                                                 list(b.token_ids))
-        ret = pad_rows(b.returns, v.shape[1], v.device)
-        return float((((v - ret) ** 2) * m).sum() / m.sum().clamp(min=1))
-
-    # -- filters --------------------------------------------------------------------------
-    def select_steps(self, trajs: Sequence[Trajectory], trajectories: str = "top_p"
-                     ) -> tuple[list[Step], np.ndarray | None, dict[str, Any]]:
-        """The actor's data (spec section 6): steps, their weights, and counts for the log.
-
-        ``trajectories`` picks the trajectories: "top_p" (the online iterations: Eq. 4.4's
-        top ``top_p`` by instruction advantage; Filtered BC: rewards >= their 1 - ``top_p``
-        quantile, i.e. every success), "successes" (the offline phase: every success of the
-        pile) or "all" (every usable one: the ``instruction_filter=False`` ablation). Their
-        steps: Filtered BC keeps all; DigiRL keeps those ``step_filter`` keeps (Eq. 4.3, the
-        released grade, or all for "none"); AWR keeps all, weighted by Eq. 4.1's
-        exp(A / ``awr_beta``) (capped at ``awr_max_weight``). Only valid actions are kept.
-        The weights ((N,), None except for AWR) go to :meth:`train_actor`.
-        """
-        from digirl_lite.critics.data import critic_values_many, instruction_values
-
-        if trajectories not in ("top_p", "successes", "all"):
-            raise ValueError(f"trajectories must be 'top_p', 'successes' or 'all', got "
-                             f"{trajectories!r}")
-        c = self.cfg
-        usable = [t for t in trajs if t.is_usable and t.steps]
-        if not usable:
-            return [], None, {"kept_trajectories": 0, "kept_steps": 0}
-        r = np.array([t.final_reward for t in usable])
-        if trajectories == "successes":
-            keep_t = r > 0
-        elif trajectories == "all":
-            keep_t = np.ones(len(usable), dtype=bool)
-        elif c.algorithm == "filtered_bc":
-            keep_t = filters.filtered_bc_keep(r, p=c.top_p)
-        else:
-            with torch.no_grad():
-                v_i = instruction_values(usable, self.text, self.instr_critic)
-            keep_t = filters.keep_top_fraction(filters.instruction_advantage(r, v_i), c.top_p)
-        kept = [t for t, k in zip(usable, keep_t) if k]
-        if c.algorithm == "filtered_bc" or not kept:
-            every = [s for t in kept for s in t.steps if s.action.is_valid]
-            return every, None, {"kept_trajectories": len(kept), "kept_steps": len(every)}
-        steps: list[Step] = []
-        grades: list[float] = []
-        with torch.no_grad():
-            values = critic_values_many(kept, self.screens, self.text, self.step_critic)
-        for t, v in zip(kept, values):
-            a, keep = filters.step_grades(v, t.rewards, [s.mc_return for s in t.steps],
-                                          t.horizon, c.step_filter, c.lam)
-            if c.algorithm == "awr":  # Eq. 4.1: every step, weighted
-                keep = np.ones(len(a), dtype=bool)
-            for s, k, g in zip(t.steps, keep, a):
-                if k and s.action.is_valid:
-                    steps.append(s)
-                    grades.append(float(g))
-        info: dict[str, Any] = {"kept_trajectories": len(kept), "kept_steps": len(steps)}
-        if c.algorithm != "awr" or not steps:
-            return steps, None, info
-        w = filters.awr_weights(grades, c.awr_beta, c.awr_max_weight)
-        info["awr_ess"] = round(filters.effective_sample_size(w), 2)
-        if c.awr_max_weight is not None:
-            info["awr_capped"] = int(np.sum(w >= c.awr_max_weight))
-        return steps, w, info
-
-    def train_actor(self, steps: Sequence[Step], updates: int,
-                    weights: np.ndarray | None = None) -> float:
-        """``updates`` maximum-likelihood updates on minibatches of ``steps`` drawn
-        uniformly; with ``weights`` (AWR) each minibatch's loss is their weighted mean."""
-        if not steps or updates <= 0:
-            return float("nan")
-        loss = float("nan")
-        with actor_precision(self.policy, self.cfg.actor_precision):
-            for _ in self._iter(updates, "actor"):
-                idx = self.rng.integers(0, len(steps), self.cfg.actor_batch)
-                loss = mle_update(self.policy, self.actor_opt, [steps[i] for i in idx],
-                                  self.screens, self.cfg.actor_grad_clip, self.accelerator,
-                                  self.cfg.grad_accum, None if weights is None else weights[idx])
-        return round(loss, 4)
-
-    # -- stages ---------------------------------------------------------------------------
     def offline(self, pile: Sequence[Trajectory]) -> None:
-        c = self.cfg
+        """The offline phase: the pile into the buffer, then the learner's offline update on
+        its training split."""
         self.buffer.add(pile)
-        if c.algorithm in ("ppo", "grpo"):  # the starting policy, its value head warmed up
-            train = self.buffer.trajectories("train")
-            info = (self._timed("offline_actor", lambda: self.warm_up_value_head(train))
-                    if c.algorithm == "ppo" else {})
-            if c.offline_policy_passes:  # and the learner's own update on the pile
-                info.update(self._timed("offline_actor", lambda: self.train_on_policy(
-                    train, passes=c.offline_policy_passes)))
-            self.log(stage="offline", **info)
-            return
-        if c.algorithm != "filtered_bc":  # the critics' inputs
-            self.text.get(sorted({t.task for t in pile}))
-        crit = self._timed("offline_critics", lambda: self.train_critics(
-            c.offline_critic_updates))
-        steps, weights, kept = self._timed("offline_filter", lambda: self.select_steps(
-            self.buffer.trajectories("train"), "successes"))  # spec: offline, every success
-        loss = self._timed("offline_actor", lambda: self.train_actor(
-            steps, c.offline_actor_updates, weights))
-        self.log(stage="offline", **crit, **kept, actor_loss=loss)
+        self.log(stage="offline", **self.learner.offline(self.buffer.trajectories("train")))
 
     def _bound_memory(self) -> dict[str, int]:
         """Memory bounded by the buffer (issue 15): drop the screens no buffered trajectory
@@ -986,16 +653,7 @@ class Trainer:
         self.buffer.add(collected)
         self._bound_memory()
         self.online_trajectories += len(collected)
-        if c.algorithm in ("ppo", "grpo"):  # on-policy: this iteration's trajectories
-            crit = {}
-            kept = self._timed("actor", lambda: self.train_on_policy(collected))
-            loss = kept.pop("policy_loss", float("nan"))
-        else:
-            crit = self._timed("critics", lambda: self.train_critics(c.critic_updates))
-            steps, weights, kept = self._timed("filter", lambda: self.select_steps(
-                self.buffer.trajectories("train"), "top_p" if c.instruction_filter else "all"))
-            loss = self._timed("actor", lambda: self.train_actor(steps, c.actor_updates,
-                                                                 weights))
+        update = self.learner.update(collected)
         if c.learner == "async":
             self._publish(k)
             if not staleness:  # resumed with what was stored before a crash
@@ -1007,7 +665,7 @@ class Trainer:
                  for name in ITERATION_PHASES}
         split["environments"] = round(split["collect"] - split["inference"], 3)
         self.log(stage="online", iteration=k, online_trajectories=self.online_trajectories,
-                 collect_success=round(wins, 4), **crit, **kept, actor_loss=loss,
+                 collect_success=round(wins, 4), **update,
                  **staleness, seconds=round(time.perf_counter() - t_iter, 2),
                  time_split=split)
 
@@ -1413,9 +1071,8 @@ class Trainer:
                 self._finish("pile")
             if not self._done("offline"):
                 pile = pile if pile is not None else self.build_pile()
-                what = {"ppo": "the value head's warm-up", "grpo": "nothing (GRPO)"}.get(
-                    c.algorithm, "critics and actor")
-                self.say(f"offline phase: {what} on {len(pile)} trajectories")
+                self.say(f"offline phase: {self.learner.offline_work} on {len(pile)} "
+                         "trajectories")
                 # the offline phase draws from a stream fixed by the seed alone: the same
                 # whether the pile was collected here (which samples), read from the cache
                 # or from the store of an interrupted run

@@ -1,0 +1,275 @@
+"""Darwin's learner (spec/DARWIN.md A.5, A.6): token-level PPO with GAE over the flattened
+action tokens and a value head on the policy's decoder, trained on each online iteration's
+own trajectories against the log-probabilities recorded when they were sampled.
+
+The offline phase warms the value head up on the pile (the actor frozen; A.6) and, with
+``offline_policy_passes``, runs the same update over the pile (the starting policy's own
+attempts). Each iteration logs what tells an update's health apart (issue 28): the share of
+sampled steps that did not parse, the policy's entropy and KL to the starting policy, the
+clip fraction and ratio range, and the gradient norms of the policy and the value head.
+
+The math is :mod:`digirl_lite.ppo`'s; the rows :mod:`digirl_lite.policy.on_policy`'s; one
+update :func:`digirl_lite.policy.updates.ppo_update`.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import shutil
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from digirl_lite.learners.base import Learner
+from digirl_lite.paths import atomic_write_text, fsync_dir, fsync_tree
+from digirl_lite.policy.updates import actor_precision, pad_rows, steps_to_batch
+
+if TYPE_CHECKING:  # pragma: no cover
+    from digirl_lite.data.records import Trajectory
+    from digirl_lite.policy.on_policy import PPORow
+
+__all__ = ["PPO"]
+
+REFERENCE_MAX_PARAMETERS = 50_000_000
+"""A policy up to this size keeps a frozen copy of its start (for the KL reading) even with
+no KL penalty: the copy and one scoring pass per iteration cost little."""
+
+
+class PPO(Learner):
+    name = "ppo"
+    on_policy = True
+    offline_work = "the value head's warm-up"
+    value_coef_applies = True  # GRPO: no value head in the loss
+
+    def __init__(self, run) -> None:
+        super().__init__(run)
+        self._reference = None  # the frozen starting policy (reference_policy)
+
+    def actor_param_groups(self) -> list[dict[str, Any]]:
+        """The policy's weights at ``actor_lr`` and the value head's at ``value_lr``."""
+        return [{"params": list(self.policy.parameters())},
+                {"params": list(self.policy.value_head.parameters()),
+                 "lr": self.cfg.value_lr}]
+
+    # -- the phases -------------------------------------------------------------------------
+    def offline(self, pile: Sequence[Trajectory]) -> dict[str, Any]:
+        run, c = self.run, self.cfg
+        info = run._timed("offline_actor", lambda: self.warm_up_value_head(pile))
+        if c.offline_policy_passes:  # and the learner's own update on the pile
+            info.update(run._timed("offline_actor", lambda: self.train_on_policy(
+                pile, passes=c.offline_policy_passes)))
+        return info
+
+    def update(self, collected: Sequence[Trajectory]) -> dict[str, Any]:
+        out = self.run._timed("actor", lambda: self.train_on_policy(collected))
+        out["actor_loss"] = out.pop("policy_loss", float("nan"))
+        return out
+
+    # -- rows and batches -------------------------------------------------------------------
+    def groups(self, trajs: Sequence[Trajectory]) -> dict[str, Any] | None:
+        """GRPO's group of each trajectory (None: PPO has none)."""
+        return None
+
+    def rows(self, trajs: Sequence[Trajectory], monte_carlo: bool = False) -> list[PPORow]:
+        """A :class:`~digirl_lite.policy.on_policy.PPORow` per step of ``trajs``: this
+        policy's :func:`~digirl_lite.policy.on_policy.on_policy_rows` with the run's
+        algorithm, ``ppo_gamma`` and ``ppo_lam`` (``monte_carlo``: lambda 1, the warm-up's
+        targets) and :meth:`groups`."""
+        from digirl_lite.policy.on_policy import on_policy_rows
+
+        c = self.cfg
+        return on_policy_rows(trajs, self.policy, self.run.screens, algorithm=self.name,
+                              gamma=c.ppo_gamma, lam=c.ppo_lam, monte_carlo=monte_carlo,
+                              groups=self.groups(trajs))
+
+    def batch(self, rows, pick, weights: Sequence[float] | None = None,
+              ref: Sequence[Sequence[float]] | None = None) -> Any:
+        """The :class:`~digirl_lite.policy.updates.PPOBatch` of ``rows[pick]``."""
+        from digirl_lite.policy.updates import PPOBatch
+
+        chosen = [rows[i] for i in pick]
+        prompts, feats, _ = steps_to_batch([r[0] for r in chosen], self.run.screens,
+                                           self.policy)
+        return PPOBatch(prompts, feats, [r[1] for r in chosen], [r[2] for r in chosen],
+                        [r[3] for r in chosen],
+                        [r[4] for r in chosen] if self.value_coef_applies else None,
+                        None if weights is None else [weights[i] for i in pick],
+                        None if ref is None else [ref[i] for i in pick])
+
+    def policy_loss_weights(self, rows) -> np.ndarray | None:
+        """Each row's token weight in the policy loss under ``policy_loss_norm``: None for
+        "token" (a token mean); for "trajectory", 1 / the tokens of the row's trajectory
+        among ``rows`` (every trajectory weighs the same)."""
+        if self.cfg.policy_loss_norm == "token":
+            return None
+        tokens: dict[str, int] = {}
+        for r in rows:
+            tokens[r.traj_id] = tokens.get(r.traj_id, 0) + len(r.token_ids)
+        return np.array([1.0 / tokens[r.traj_id] for r in rows])
+
+    def normalised_advantages(self, rows) -> list[Any]:
+        """``rows`` with their advantages standardised over all their tokens
+        (``advantage_norm="batch"``; as they are otherwise)."""
+        if self.cfg.advantage_norm == "none" or not rows:
+            return list(rows)
+        adv = np.concatenate([np.asarray(r[3], dtype=np.float64) for r in rows])
+        mu, sd = float(adv.mean()), float(adv.std())
+        return [r._replace(advantages=((np.asarray(r[3]) - mu) / (sd + 1e-8)).tolist())
+                for r in rows]
+
+    # -- the reference and the readings -----------------------------------------------------
+    def reference_policy(self):
+        """The frozen policy the on-policy updates started from (the KL penalty's reference
+        under ``kl_reference="start"``, and the ``kl_start`` of metrics.jsonl), or None where
+        it is not kept: it is kept with ``kl_coef`` > 0 and "start", and for policies of up
+        to :data:`REFERENCE_MAX_PARAMETERS`. Made at the first on-policy update and saved in
+        ``OUT/reference_policy`` (so a resumed run reads the same one)."""
+        if self._reference is not None:
+            return self._reference
+        run, c = self.run, self.cfg
+        if not ((c.kl_coef > 0 and c.kl_reference == "start")
+                or self.policy.num_parameters() <= REFERENCE_MAX_PARAMETERS):
+            return None
+        from digirl_lite.policy.base import load_policy
+        from digirl_lite.policy.factory import load_kwargs
+
+        d = run.out / "reference_policy"
+        if (d / "state.json").exists():
+            self._reference = load_policy(d / "policy", **load_kwargs(c),
+                                          device=run.accelerator.device)
+        else:
+            self._reference = copy.deepcopy(self.policy)
+            if run.is_main:
+                tmp = run.out / "reference_policy.tmp"
+                shutil.rmtree(tmp, ignore_errors=True)
+                self._reference.save(tmp / "policy")
+                atomic_write_text(tmp / "state.json", json.dumps(
+                    {"iteration": run.iteration}))
+                fsync_tree(tmp)
+                shutil.rmtree(d, ignore_errors=True)
+                os.replace(tmp, d)
+                fsync_dir(run.out)
+        self._reference.model.eval()
+        for p in self._reference.parameters():
+            p.requires_grad_(False)
+        return self._reference
+
+    def rows_log_probs(self, policy, rows) -> list[np.ndarray]:
+        """``policy``'s log-probability of each row's tokens (no gradient), one array each."""
+        out: list[np.ndarray] = []
+        with torch.no_grad():
+            for a in range(0, len(rows), 64):
+                chunk = rows[a:a + 64]
+                prompts, feats, _ = steps_to_batch([r[0] for r in chunk], self.run.screens,
+                                                   policy)
+                lp, _, _ = policy.token_ids_log_probs_and_values(prompts, feats,
+                                                                 [r[1] for r in chunk])
+                out += [lp[i, :len(r[1])].float().cpu().numpy() for i, r in enumerate(chunk)]
+        return out
+
+    def readings(self, rows, trajs) -> tuple[dict[str, float], list | None]:
+        """What tells an on-policy iteration's health apart (issue 28), on the policy that
+        sampled it, before the update: the share of its sampled steps that did not parse,
+        the mean entropy of its next-token distribution at its sampled tokens, and its KL
+        (k3, token mean) to the starting policy. Returns them and the reference's
+        log-probabilities of every row's tokens (None without a reference)."""
+        from digirl_lite.ppo import kl_k3
+
+        steps = [s for t in trajs for s in t.steps]
+        out = {"sampled_invalid_share": round(
+            float(np.mean([not s.action.is_valid for s in steps])) if steps else 0.0, 4)}
+        if hasattr(self.policy, "token_entropies"):
+            prompts, feats, _ = steps_to_batch([r[0] for r in rows], self.run.screens,
+                                               self.policy)
+            ent = self.policy.token_entropies(prompts, feats, [r[1] for r in rows])
+            out["entropy"] = round(float(np.concatenate(ent).mean()), 4)
+        ref = self.reference_policy()
+        if ref is None:
+            return out, None
+        ref_lp = self.rows_log_probs(ref, rows)
+        old = np.concatenate([np.asarray(r[2], dtype=np.float64) for r in rows])
+        out["kl_start"] = round(float(kl_k3(old, np.concatenate(ref_lp)).mean()), 5)
+        return out, ref_lp
+
+    # -- the updates ------------------------------------------------------------------------
+    def train_on_policy(self, trajs: Sequence[Trajectory], passes: int | None = None
+                        ) -> dict[str, Any]:
+        """PPO or GRPO on this iteration's own trajectories (or, in the offline phase, on the
+        pile: ``offline_policy_passes``): ``passes`` (default ``ppo_epochs``) passes in
+        minibatches of ``ppo_minibatch`` steps, each ratio against the log-probabilities
+        recorded when the step was sampled. Returns the last pass's mean statistics (the
+        clip fraction and gradient norms of the first pass: ``*_first``), and
+        :meth:`readings`."""
+        from digirl_lite.policy.updates import ppo_update
+
+        run, c = self.run, self.cfg
+        passes = c.ppo_epochs if passes is None else passes
+        rows = [r for r in self.rows(trajs) if r[0].action_log_probs]
+        if not rows:
+            return {"ppo_steps": 0}
+        readings, ref_lp = self.readings(rows, trajs)
+        rows = self.normalised_advantages(rows)
+        weights = self.policy_loss_weights(rows)
+        ref = ref_lp if c.kl_reference == "start" else None
+        done: list[list[dict[str, float]]] = []
+        with actor_precision(self.policy, c.actor_precision):
+            for _ in run._iter(passes, "policy passes"):
+                done.append([])
+                for pick in np.array_split(self.rng.permutation(len(rows)),
+                                           max(1, -(-len(rows) // c.ppo_minibatch))):
+                    done[-1].append(ppo_update(
+                        self.policy, run.actor_opt, self.batch(rows, pick, weights, ref),
+                        clip_eps=c.ppo_clip_eps,
+                        value_coef=c.value_coef if self.value_coef_applies else 0.0,
+                        kl_coef=c.kl_coef, grad_clip=c.actor_grad_clip,
+                        negative_scale=c.negative_advantage_scale,
+                        value_grad_clip=c.value_grad_clip if self.value_coef_applies
+                        else None))
+        stats = done[-1]
+        out = {k: round(float(np.nanmean([s[k] for s in stats])), 4) if not all(
+            np.isnan(s[k]) for s in stats) else None for k in stats[0]}
+        out["ratio_max"] = round(max(s["ratio_max"] for s in stats), 4)
+        out["ratio_min"] = round(min(s["ratio_min"] for s in stats), 4)
+        for k in ("clip_fraction", "grad_norm_policy", "grad_norm_value"):
+            out[f"{k}_first"] = round(float(np.mean([s[k] for s in done[0]])), 4)
+        adv = np.concatenate([r[3] for r in rows])
+        w = (np.ones(len(adv)) if weights is None
+             else np.repeat(weights, [len(r[3]) for r in rows]))
+        # the mean advantage as the policy loss weighs tokens (its sign: what the update
+        # does, on balance, to what every attempt shares)
+        return {**out, **readings, "ppo_steps": len(rows), "ppo_tokens": int(len(adv)),
+                "mean_advantage": round(float((adv * w).sum() / w.sum()), 4)}
+
+    def warm_up_value_head(self, trajs: Sequence[Trajectory]) -> dict[str, Any]:
+        """PPO's offline phase (Darwin A.6): ``critic_warmup_updates`` value-head-only
+        updates on ``trajs`` (the pile), Monte-Carlo token returns as targets, the actor
+        frozen."""
+        from digirl_lite.policy.updates import ppo_update
+
+        run, c = self.run, self.cfg
+        if c.critic_warmup_updates <= 0:
+            return {}
+        rows = self.rows(trajs, monte_carlo=True)
+        if not rows:
+            return {}
+        held = self.rng.permutation(len(rows))[:256]  # the loss before and after, on these
+        before = self.value_loss(rows, held)
+        for _ in run._iter(c.critic_warmup_updates, "critic warm-up"):
+            pick = self.rng.integers(0, len(rows), min(c.ppo_minibatch, len(rows)))
+            ppo_update(self.policy, run.actor_opt, self.batch(rows, pick),
+                       value_coef=1.0, grad_clip=c.actor_grad_clip, update_policy=False)
+        return {"warmup_value_loss_before": round(before, 5),
+                "warmup_value_loss_after": round(self.value_loss(rows, held), 5)}
+
+    def value_loss(self, rows, pick) -> float:
+        """The value head's token-mean MSE to the rows' returns (no gradient)."""
+        b = self.batch(rows, pick)
+        with torch.no_grad():
+            _, v, m = self.policy.token_ids_log_probs_and_values(list(b.prompts), b.feats,
+                                                                 list(b.token_ids))
+        ret = pad_rows(b.returns, v.shape[1], v.device)
+        return float((((v - ret) ** 2) * m).sum() / m.sum().clamp(min=1))
