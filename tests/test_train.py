@@ -49,8 +49,13 @@ def test_config_validates_and_round_trips():
     # the paper's defaults where the simulator preset does not change them
     d = DigiRLConfig()
     assert (d.rollouts_per_iteration, d.capacity, d.critic_updates, d.actor_updates,
-            d.actor_batch, d.actor_lr, d.actor_grad_clip, d.top_p, d.lam) == \
+            d.actor_batch, d.actor_learning_rate, d.actor_grad_clip, d.top_p, d.lam) == \
         (16, 5000, 5, 20, 128, 1e-4, 0.01, 0.1, 0.5)
+    # the on-policy learners' own rate (issue 28), unless actor_lr says
+    assert DigiRLConfig(algorithm="ppo").actor_learning_rate == 1e-5
+    assert DigiRLConfig(algorithm="grpo", actor_lr=3e-5).actor_learning_rate == 3e-5
+    with pytest.raises(ValueError, match="actor_lr"):
+        DigiRLConfig(actor_lr=0.0)
 
 
 @pytest.mark.slow

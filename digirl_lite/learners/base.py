@@ -55,14 +55,16 @@ class Learner:
         return self.run.rng
 
     def actor_param_groups(self) -> list[dict[str, Any]]:
-        """The actor optimiser's parameter groups (at ``actor_lr`` unless a group says)."""
+        """The actor optimiser's parameter groups (at the run's actor learning rate unless a
+        group says)."""
         return [{"params": list(self.policy.parameters())}]
 
     def make_actor_optimizer(self) -> torch.optim.Optimizer:
-        """AdamW over :meth:`actor_param_groups` at ``actor_lr``."""
+        """AdamW over :meth:`actor_param_groups` at ``cfg.actor_learning_rate`` (``actor_lr``,
+        or the algorithm's own)."""
         import torch
 
-        return torch.optim.AdamW(self.actor_param_groups(), lr=self.cfg.actor_lr)
+        return torch.optim.AdamW(self.actor_param_groups(), lr=self.cfg.actor_learning_rate)
 
     def offline(self, pile: Sequence[Trajectory]) -> dict[str, Any]:
         """The offline phase on ``pile`` (the buffer's training split of it)."""

@@ -20,6 +20,9 @@ __all__ = ["ConfigError", "DigiRLConfig", "load_config", "sim_webshop", "sim_qui
 ALGORITHMS = ("digirl", "filtered_bc", "awr", "ppo", "grpo")
 STEP_FILTERS = ("paper", "released", "none")  # digirl_lite.filters.STEP_FILTERS
 LEARNERS = ("sync", "async")
+ACTOR_LR = {"digirl": 1e-4, "filtered_bc": 1e-4, "awr": 1e-4, "ppo": 1e-5, "grpo": 1e-5}
+"""Each algorithm's actor learning rate where ``actor_lr`` is None: the paper's 1e-4 for the
+imitation learners, 10x lower for the on-policy ones (issue 28; see ``actor_lr``)."""
 ASYNC_FLEETS = ("async", "ray")  # the fleets with start / take (rollout.async_fleet)
 _PPO = ("ppo_clip_eps", "ppo_epochs", "ppo_minibatch", "kl_coef", "kl_reference",
         "offline_policy_passes",
@@ -376,8 +379,16 @@ class DigiRLConfig:
     A.6: 30 warm-up steps kept a fresh critic from collapsing the policy)."""
     actor_batch: int = 128
     """Paper: 128."""
-    actor_lr: float = 1e-4
-    """Paper: 1e-4 (the reference's 3e-3 collapsed the policy in practice)."""
+    actor_lr: float | None = None
+    """The actor's learning rate; None: the algorithm's own (:data:`ACTOR_LR`,
+    :attr:`actor_learning_rate`). DigiRL, Filtered BC and AWR: the paper's 1e-4 (the
+    reference's 3e-3 collapsed the policy in practice). PPO and GRPO: 1e-5 (issue 28): at
+    1e-4, AdamW's per-coordinate steps move the policy about as far per update as an
+    imitation update does, but in the direction of a noisy advantage, and the policy drifts
+    from its start every iteration (KL to the start 0.21 after 10 iterations, unparseable
+    sampled steps 31% -> 37%, held-out 60% -> 27%, ``benchmarks/results/screen28``); at 1e-5
+    the KL stays at 0.005-0.09 over 30 iterations and held-out success near its start
+    (``benchmarks/results/grid/learners_webshop``, arms ``ppo_lr1e-5``, ``grpo_lr1e-5``)."""
     actor_grad_clip: float = 0.01
     """Gradient-norm cap (paper: 0.01)."""
     actor_precision: str = "fp32"
@@ -424,6 +435,11 @@ class DigiRLConfig:
     ``{"crash": 0.01}``: devices that stop answering (infrastructure truncations).
     Simulator only."""
 
+    @property
+    def actor_learning_rate(self) -> float:
+        """``actor_lr``, or the algorithm's own where it is None (:data:`ACTOR_LR`)."""
+        return ACTOR_LR[self.algorithm] if self.actor_lr is None else self.actor_lr
+
     def __post_init__(self) -> None:
         _check_types(self)
         if self.world not in ("webshop", "general"):
@@ -446,6 +462,8 @@ class DigiRLConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.value_coef < 0 or self.kl_coef < 0 or self.critic_warmup_updates < 0:
             raise ValueError("value_coef, kl_coef and critic_warmup_updates must be >= 0")
+        if self.actor_lr is not None and not self.actor_lr > 0:
+            raise ValueError(f"actor_lr must be positive or None, got {self.actor_lr}")
         if not self.value_lr > 0:
             raise ValueError(f"value_lr must be positive, got {self.value_lr}")
         if self.algorithm == "grpo" and self.rollouts_per_iteration % self.grpo_group:
