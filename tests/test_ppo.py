@@ -531,3 +531,29 @@ def test_on_policy_settings_are_refused_where_unread(field, value):
     if other:
         with pytest.raises(ValueError, match="has no effect"):
             sim_quick(algorithm=other, **{field: value})
+
+
+def test_on_policy_readings_reads_a_ppo_run(tmp_path):
+    """benchmarks/on_policy_readings.py on the PPO fixture run: one row per online iteration,
+    the evaluations' rates, and a table with them; a folder without metrics.jsonl is an
+    error naming it."""
+    import importlib.util
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location(
+        "on_policy_readings", root / "benchmarks" / "on_policy_readings.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    run = root / "data" / "fixtures" / "runs" / "ppo-seed0"
+    r = mod.readings(run)
+    online = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()
+              if json.loads(x).get("stage") == "online"]
+    assert [it["iteration"] for it in r["iterations"]] == [x["iteration"] for x in online]
+    assert r["iterations"][0]["collect_success"] == online[0]["collect_success"]
+    assert {e["stage"] for e in r["evaluations"]} >= {"copier", "online"}
+    assert "| 1 |" in mod.table(r)
+    out = tmp_path / "r.json"
+    assert mod.main([str(run), "--json", str(out)]) == 0
+    assert json.loads(out.read_text())[0]["run"] == str(run)
+    assert mod.main([str(tmp_path)]) == 2
