@@ -13,8 +13,8 @@ import torch
 
 from digirl_lite.actions import Action, format_action
 from digirl_lite.data import Ending, Step, Trajectory
-from digirl_lite.train.config import DigiRLConfig, sim_quick, with_algorithm
 from digirl_lite.learners import make_learner
+from digirl_lite.train.config import DigiRLConfig, sim_quick, with_algorithm
 
 TAP = format_action(Action.tap(x=0.5, y=0.62))
 # spec section 6: a six-step success (step 3, the voice-input mistake, has A < 0) and a
