@@ -40,7 +40,8 @@ def main(argv: list[str] | None = None) -> dict:
     import numpy as np
 
     from digirl_lite.actions import parse_action
-    from digirl_lite.policy.base import load_policy, policy_inputs, policy_kind
+    from digirl_lite.policy.base import policy_inputs, policy_kind
+    from digirl_lite.policy.factory import load_policy
     from digirl_lite.rollout.pile import generate_demos
     from digirl_lite.vision import FeatureCache, SimScreenEncoder
 

@@ -86,3 +86,24 @@ def test_real_aitw_instructions_survive_the_prompt():
             assert task_from_prompt(build_prompt(task, "PRESS_HOME")) == task
             n += 1
     assert n > 1500
+
+
+def test_the_policy_modules_import_without_a_circle():
+    """policy/base.py (the protocol and Sample) and value_head.py import no other policy
+    module; policy.py and vlm.py import base and value_head, never each other; factory.py
+    names the implementations, and only inside functions (issue 28, item 4)."""
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1] / "digirl_lite" / "policy"
+
+    def top_level(name):  # sibling modules imported at module level, TYPE_CHECKING included
+        body = ast.parse((root / f"{name}.py").read_text()).body
+        nodes = body + [n for node in body if isinstance(node, ast.If) for n in node.body]
+        return {n.module.rsplit(".", 1)[-1] for n in nodes if isinstance(n, ast.ImportFrom)
+                and (n.module or "").startswith("digirl_lite.policy.")}
+
+    assert top_level("base") == set() and top_level("value_head") == set()
+    assert top_level("policy") >= {"base", "value_head"} and "vlm" not in top_level("policy")
+    assert "policy" not in top_level("vlm") and "vlm" not in top_level("vlm")
+    assert top_level("factory") == {"base"}

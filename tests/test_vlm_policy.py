@@ -108,7 +108,7 @@ def test_save_and_load_round_trip_exactly_and_merge_on_request(tiny_vlm, observa
                                                                 tmp_path):
     from transformers import AutoModelForImageTextToText
 
-    from digirl_lite.policy.base import load_policy
+    from digirl_lite.policy.factory import load_policy
     from digirl_lite.policy.updates import text_mle_update
     from digirl_lite.policy.vlm import VLMPolicy
 
@@ -202,7 +202,7 @@ def test_configs_that_cannot_work_name_the_field(tiny_vlm, tmp_path):
 def test_the_main_job_runs_with_a_vlm_policy(tiny_vlm, tmp_path):
     """The Trainer, unchanged, with policy 'vlm': collection, critics, filters, the LoRA
     actor update, evaluation, a checkpoint that resumes into the same adapters."""
-    from digirl_lite.policy.base import load_policy
+    from digirl_lite.policy.factory import load_policy
     from digirl_lite.train.config import sim_quick
     from digirl_lite.train.trainer import Trainer
 

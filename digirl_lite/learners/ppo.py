@@ -134,8 +134,7 @@ class PPO(Learner):
         if not ((c.kl_coef > 0 and c.kl_reference == "start")
                 or self.policy.num_parameters() <= REFERENCE_MAX_PARAMETERS):
             return None
-        from digirl_lite.policy.base import load_policy
-        from digirl_lite.policy.factory import load_kwargs
+        from digirl_lite.policy.factory import load_kwargs, load_policy
 
         d = run.out / "reference_policy"
         if (d / "state.json").exists():

@@ -4,7 +4,8 @@ Two implementations: :class:`~digirl_lite.policy.policy.AutoUIPolicy` (a T5 read
 encoder's image features) and :class:`~digirl_lite.policy.vlm.VLMPolicy` (a Hugging Face
 vision-language model reading the screenshot itself). Code outside ``digirl_lite.policy``
 talks to :class:`Policy` and gets a policy's screen input with :func:`policy_inputs`; it
-never names either class (:func:`load_policy` opens a saved one of either kind).
+never names either class (:func:`digirl_lite.policy.factory.load_policy` opens a saved one
+of either kind). This module imports neither implementation: they import it.
 """
 
 from __future__ import annotations
@@ -12,18 +13,27 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple, Protocol, runtime_checkable
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
     from digirl_lite.data.records import ScreenTable
-    from digirl_lite.policy.policy import Sample
 
-__all__ = ["Policy", "policy_inputs", "load_policy", "POLICY_FILE", "policy_kind"]
+__all__ = ["Policy", "Sample", "policy_inputs", "POLICY_FILE", "policy_kind"]
 
 POLICY_FILE = "digirl_policy.json"
 """Written by every policy's ``save``: ``{"kind": "autoui" | "vlm", ...}``."""
+
+
+class Sample(NamedTuple):
+    """One sampled action: its text, the token ids the model wrote (eos included), and each
+    token's log-probability under the distribution it was drawn from (temperature and any
+    grammar mask applied; None for greedy decoding)."""
+
+    text: str
+    token_ids: tuple[int, ...]
+    log_probs: tuple[float, ...] | None
 
 
 @runtime_checkable
@@ -103,21 +113,3 @@ def policy_kind(directory: str | Path) -> str | None:
     if not p.is_file():
         return None
     return json.loads(p.read_text()).get("kind", "autoui")  # older saves: AutoUI
-
-
-def load_policy(directory: str | Path, device: str = "cpu", **kw: Any) -> Policy:
-    """Open a policy saved by either implementation's ``save`` (``kw``: the VLM's ``base``
-    when its base model has moved, ``dtype``, ``gradient_checkpointing``)."""
-    kind = policy_kind(directory)
-    if kind == "vlm":
-        from digirl_lite.policy.vlm import VLMPolicy
-
-        return VLMPolicy.load(directory, device=device, **kw)
-    if kind == "autoui":
-        from digirl_lite.policy.policy import AutoUIPolicy
-
-        if kw:
-            raise ValueError(f"{directory} holds an Auto-UI policy: {sorted(kw)} are the "
-                             "VLM's")
-        return AutoUIPolicy.load(directory, device=device)
-    raise ValueError(f"{directory} holds no saved policy (no {POLICY_FILE})")

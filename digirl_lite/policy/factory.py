@@ -16,11 +16,29 @@ from typing import Any
 from digirl_lite.errors import ConfigError
 from digirl_lite.policy.base import POLICY_FILE, Policy, policy_kind
 
-__all__ = ["initial_policy", "fresh_policy", "load_kwargs"]
+__all__ = ["initial_policy", "fresh_policy", "load_kwargs", "load_policy"]
+
+
+def load_policy(directory: str | Path, device: str = "cpu", **kw: Any) -> Policy:
+    """Open a policy saved by either implementation's ``save`` (``kw``: the VLM's ``base``
+    when its base model has moved, ``dtype``, ``gradient_checkpointing``)."""
+    kind = policy_kind(directory)
+    if kind == "vlm":
+        from digirl_lite.policy.vlm import VLMPolicy
+
+        return VLMPolicy.load(directory, device=device, **kw)
+    if kind == "autoui":
+        from digirl_lite.policy.policy import AutoUIPolicy
+
+        if kw:
+            raise ValueError(f"{directory} holds an Auto-UI policy: {sorted(kw)} are the "
+                             "VLM's")
+        return AutoUIPolicy.load(directory, device=device)
+    raise ValueError(f"{directory} holds no saved policy (no {POLICY_FILE})")
 
 
 def load_kwargs(c: Any) -> dict[str, Any]:
-    """What :func:`~digirl_lite.policy.base.load_policy` needs from the config to open a
+    """What :func:`load_policy` needs from the config to open a
     saved policy of this run as the run builds it (a VLM: its base, precision and gradient
     checkpointing; nothing for Auto-UI)."""
     if c.policy != "vlm":

@@ -6,14 +6,17 @@ import json
 import logging
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 import torch
 
+from digirl_lite.policy.base import POLICY_FILE as _POLICY_FILE
+from digirl_lite.policy.base import Sample
 from digirl_lite.policy.decoding import decode
 from digirl_lite.policy.model import AutoUIModel
 from digirl_lite.policy.tokenizer import SIM_TOKENIZER_FILE, HFTokenizer, SPTokenizer
+from digirl_lite.policy.value_head import VALUE_BIAS, ValueHead
 
 __all__ = ["AutoUIPolicy", "SIM_PRESET", "REFERENCE_CLAMP", "ValueHead", "VALUE_BIAS",
            "Sample"]
@@ -37,44 +40,7 @@ SIM_PRESET: dict[str, Any] = {
     "img_scale": 0.05,
 }
 
-from digirl_lite.policy.base import POLICY_FILE as _POLICY_FILE  # noqa: E402
-
-
-class Sample(NamedTuple):
-    """One sampled action: its text, the token ids the model wrote (eos included), and each
-    token's log-probability under the distribution it was drawn from (temperature and any
-    grammar mask applied; None for greedy decoding)."""
-
-    text: str
-    token_ids: tuple[int, ...]
-    log_probs: tuple[float, ...] | None
 _VALUE_FILE = "value_head.safetensors"
-
-VALUE_BIAS = 0.1
-"""The value head's output bias at initialisation (Darwin, DARWIN.md A.6: a randomly
-initialised critic without warm-up collapsed the policy; an output bias of 0.1, or 30
-critic-only warm-up updates, prevented it)."""
-
-
-class ValueHead(torch.nn.Module):
-    """Per-token values from the decoder's hidden states: one linear layer, (..., d) ->
-    (...). Weights start small (normal, std 0.01, from ``seed``) and the bias at
-    :data:`VALUE_BIAS`, so a fresh head says about 0.1 everywhere."""
-
-    def __init__(self, d_model: int, seed: int = 0) -> None:
-        super().__init__()
-        # built without drawing from torch's global generator: a policy's sampling stream
-        # (hence every run's trajectories for a seed) is the same with or without the head
-        with torch.random.fork_rng(devices=[]):
-            self.linear = torch.nn.Linear(d_model, 1)
-        with torch.no_grad():
-            self.linear.weight.copy_(torch.randn(
-                self.linear.weight.shape, generator=torch.Generator().manual_seed(seed)) * 0.01)
-            self.linear.bias.fill_(VALUE_BIAS)
-
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.linear(hidden.to(self.linear.weight.dtype)).squeeze(-1)
-
 
 def _as_tensor(x: Any) -> torch.Tensor:
     if isinstance(x, torch.Tensor):

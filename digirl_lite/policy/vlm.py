@@ -30,9 +30,9 @@ from typing import Any
 import torch
 
 from digirl_lite.errors import ConfigError
-from digirl_lite.policy.base import POLICY_FILE
-from digirl_lite.policy.policy import Sample, ValueHead
+from digirl_lite.policy.base import POLICY_FILE, Sample
 from digirl_lite.policy.tokenizer import HFTokenizer
+from digirl_lite.policy.value_head import ValueHead
 
 __all__ = ["VLMPolicy", "SYSTEM_PROMPT", "DEFAULT_LORA", "check_vlm_dir"]
 

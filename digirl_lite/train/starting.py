@@ -64,8 +64,7 @@ def starting_policy(cfg: Any, *, features: Any, cache_dir: Path | None, device: 
     with this config's SFT settings) or "sft" (cached by key in ``cache_dir``, else trained
     here). Returns (policy, seconds of SFT or None when loaded)."""
     from digirl_lite.paths import data_dir
-    from digirl_lite.policy.base import load_policy
-    from digirl_lite.policy.factory import load_kwargs
+    from digirl_lite.policy.factory import load_kwargs, load_policy
 
     src = cfg.starting_policy
     key = sft_key(cfg)

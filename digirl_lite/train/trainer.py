@@ -943,8 +943,7 @@ class Trainer:
         import re
 
         from digirl_lite.data.store import load_trajectories
-        from digirl_lite.policy.base import load_policy
-        from digirl_lite.policy.factory import load_kwargs
+        from digirl_lite.policy.factory import load_kwargs, load_policy
 
         root = self.out / "checkpoints"
         latest = root / "latest"

@@ -363,7 +363,7 @@ class OnPolicyGrader:
         """
         from pathlib import Path
 
-        from digirl_lite.policy.base import load_policy
+        from digirl_lite.policy.factory import load_policy
         from digirl_lite.viz.runs import Run
 
         run = run if isinstance(run, Run) else Run(run)
