@@ -141,7 +141,11 @@ class PPO(Learner):
             self._reference = load_policy(d / "policy", **load_kwargs(c),
                                           device=run.accelerator.device)
         else:
-            self._reference = copy.deepcopy(self.policy)
+            # the trainer's behaviour copy's way: the wrapper shallow (a VLM's processor
+            # holds locks), the networks deep
+            self._reference = copy.copy(self.policy)
+            self._reference.model = copy.deepcopy(self.policy.model)
+            self._reference.value_head = copy.deepcopy(self.policy.value_head)
             if run.is_main:
                 tmp = run.out / "reference_policy.tmp"
                 shutil.rmtree(tmp, ignore_errors=True)
