@@ -39,6 +39,7 @@ LAYERS: list[set[str]] = [
     {"envs"},
     {"rollout"},
     {"policy", "vision"},
+    {"learners"},
     {"viz"},
     {"report", "train"},
 ]

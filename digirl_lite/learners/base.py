@@ -10,7 +10,6 @@ if TYPE_CHECKING:  # pragma: no cover
     import torch
 
     from digirl_lite.data.records import Trajectory
-    from digirl_lite.train.config import DigiRLConfig
 
 __all__ = ["Learner"]
 
@@ -43,7 +42,9 @@ class Learner:
         self.run = run
 
     @property
-    def cfg(self) -> DigiRLConfig:
+    def cfg(self) -> Any:
+        """The run's :class:`~digirl_lite.train.config.DigiRLConfig` (not imported here: the
+        learners sit below the Trainer, tests/test_layers.py)."""
         return self.run.cfg
 
     @property
