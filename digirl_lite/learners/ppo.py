@@ -233,8 +233,9 @@ class PPO(Learner):
                         value_grad_clip=c.value_grad_clip if self.value_coef_applies
                         else None))
         stats = done[-1]
-        out = {k: round(float(np.nanmean([s[k] for s in stats])), 4) if not all(
-            np.isnan(s[k]) for s in stats) else None for k in stats[0]}
+        # kl_ref is NaN in every minibatch without a reference: left out
+        out = {k: round(float(np.mean([s[k] for s in stats])), 4) for k in stats[0]
+               if not np.isnan(stats[0][k])}
         out["ratio_max"] = round(max(s["ratio_max"] for s in stats), 4)
         out["ratio_min"] = round(min(s["ratio_min"] for s in stats), 4)
         for k in ("clip_fraction", "grad_norm_policy", "grad_norm_value"):
