@@ -29,14 +29,15 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--updates", type=int, default=10)
     ap.add_argument("--sample", type=int, default=16)
     ap.add_argument("--pile", type=int, default=64, help="pile attempts (0: skip)")
-    ap.add_argument("--bf16", action="store_true", help="the update under bf16 autocast")
+    ap.add_argument("--bf16", action="store_true",
+                    help="the updates under actor_precision('bf16'), as the Trainer runs them")
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
 
     from digirl_lite.paths import data_dir
     from digirl_lite.policy import AutoUIPolicy
-    from digirl_lite.policy.updates import text_mle_update
+    from digirl_lite.policy.updates import actor_precision, text_mle_update
     from digirl_lite.rollout.pile import generate_demos
 
     trajs, _, _ = generate_demos("webshop", n=60, seed=0)
@@ -52,22 +53,22 @@ def main(argv: list[str] | None = None) -> dict:
         return ([steps[i].prompt for i in idx], feats[idx], [steps[i].action_text for i in idx])
 
     def update():
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.bf16):
-            return text_mle_update(p, opt, *batch(args.batch), 0.01)
+        return text_mle_update(p, opt, *batch(args.batch), 0.01)
 
-    for _ in range(2):
-        update()
-    t0 = time.perf_counter()
-    for _ in range(args.updates):
-        update()
-    update_s = (time.perf_counter() - t0) / args.updates
-    if args.profile:
-        from torch.profiler import ProfilerActivity, profile
+    with actor_precision(p, "bf16" if args.bf16 else "fp32"):  # one region, as a phase
+        for _ in range(2):
+            update()
+        t0 = time.perf_counter()
+        for _ in range(args.updates):
+            update()
+        update_s = (time.perf_counter() - t0) / args.updates
+        if args.profile:
+            from torch.profiler import ProfilerActivity, profile
 
-        with profile(activities=[ProfilerActivity.CPU]) as prof:
-            for _ in range(3):
-                update()
-        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15))
+            with profile(activities=[ProfilerActivity.CPU]) as prof:
+                for _ in range(3):
+                    update()
+            print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15))
 
     pr, f, _ = batch(args.sample)
     p.act(pr, f, max_new_tokens=64)

@@ -367,8 +367,12 @@ def test_trajectory_loss_norm_weighs_every_trajectory_alike(tmp_path):
     for r, x in zip(rows, w):
         per_traj[r.traj_id] += x * len(r.token_ids)
     assert per_traj == pytest.approx({"win": 1.0, "loss": 1.0})
-    assert Trainer(sim_quick(algorithm="grpo"), tmp_path / "b", cache_dir=None,
-                   progress=False).learner.policy_loss_weights(rows) is None
+    assert Trainer(sim_quick(algorithm="grpo", policy_loss_norm="token"), tmp_path / "b",
+                   cache_dir=None, progress=False).learner.policy_loss_weights(rows) is None
+    # the defaults (issue 28): GRPO weighs trajectories alike, PPO tokens
+    assert sim_quick(algorithm="grpo").policy_loss_normalisation == "trajectory"
+    assert sim_quick(algorithm="ppo").policy_loss_normalisation == "token"
+    assert sim_quick().policy_loss_normalisation is None
     with pytest.raises(ValueError, match="policy_loss_norm='trajectory' has no effect"):
         sim_quick(policy_loss_norm="trajectory")
     with pytest.raises(ValueError, match="policy_loss_norm"):

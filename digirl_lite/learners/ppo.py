@@ -101,10 +101,11 @@ class PPO(Learner):
                         None if ref is None else [ref[i] for i in pick])
 
     def policy_loss_weights(self, rows) -> np.ndarray | None:
-        """Each row's token weight in the policy loss under ``policy_loss_norm``: None for
+        """Each row's token weight in the policy loss under ``policy_loss_norm`` (the
+        algorithm's own where None): None for
         "token" (a token mean); for "trajectory", 1 / the tokens of the row's trajectory
         among ``rows`` (every trajectory weighs the same)."""
-        if self.cfg.policy_loss_norm == "token":
+        if self.cfg.policy_loss_normalisation == "token":
             return None
         tokens: dict[str, int] = {}
         for r in rows:

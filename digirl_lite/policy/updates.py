@@ -25,7 +25,13 @@ def actor_precision(policy, precision: str = "fp32"):
     ``torch.autocast`` to bfloat16 on the policy's device (weights, gradients, the optimizer
     and the log-softmax stay fp32; :meth:`AutoUIModel.action_token_log_probs` casts the
     logits up). On a CPU the model's attention is eager meanwhile: transformers' SDPA
-    backward ran 6x slower in bf16 than in fp32 there (issue 16's profile)."""
+    backward ran 6x slower in bf16 than in fp32 there (issue 16's profile).
+
+    autocast's weight cache is off: with it on, the bf16 copy of each weight made at the
+    region's first forward serves every later forward in the region, so every update after
+    the first computed its gradient at the weights the region began with, not the ones the
+    optimizer had moved to (issue 28: the main job's offline phase, 100s of updates in one
+    region, took them all along its first gradient and fell from 60% to 0% held-out)."""
     if precision == "fp32":
         yield
         return
@@ -38,7 +44,7 @@ def actor_precision(policy, precision: str = "fp32"):
     if switch:
         model.set_attn_implementation("eager")
     try:
-        with torch.autocast(device_type=device, dtype=torch.bfloat16):
+        with torch.autocast(device_type=device, dtype=torch.bfloat16, cache_enabled=False):
             yield
     finally:
         if switch:
