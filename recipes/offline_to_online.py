@@ -5,7 +5,7 @@ built-in simulated phone with tiny CPU models (Web Shopping, H = 20, by default)
     python recipes/offline_to_online.py --quick --out runs/quick
     python recipes/offline_to_online.py --resume --out runs/webshop   # after a crash or kill
     python recipes/offline_to_online.py --filtered-bc         # Filtered BC alongside
-    python recipes/offline_to_online.py --processes 2         # the same run on 2 processes
+    python recipes/offline_to_online.py --processes 1         # one process (default: 2 on 2+ CPUs)
 
 Writes to --out: metrics.jsonl, summary.json (held-out success and mean episode length of
 each stage: copier, offline, online), learning_curve.png, store/ (every trajectory) and
@@ -22,6 +22,7 @@ from digirl_lite.train.cli import (
     add_processes_argument,
     cache_dir_of,
     config_from_args,
+    default_processes,
     launch_processes,
     print_table,
     run_parser,
@@ -41,9 +42,15 @@ def main(argv: list[str] | None = None) -> dict:
     add_processes_argument(ap)
     args = ap.parse_args(argv)
     cfg = config_from_args(args)  # a config that cannot run fails here, before any launch
-    if args.processes > 1 and "WORLD_SIZE" not in os.environ:
-        code = launch_processes(args.processes, __file__,
-                                sys.argv[1:] if argv is None else list(argv))
+    n = args.processes or default_processes(cfg, args)
+    if n > 1 and "WORLD_SIZE" not in os.environ:
+        given = sys.argv[1:] if argv is None else list(argv)
+        if args.processes is None:  # chosen here: say so, and tell the group
+            threads = max(1, (os.cpu_count() or 1) // n)
+            print(f"[digirl_lite] {n} data-parallel processes of {threads} thread(s) each "
+                  "(faster than one on a CPU machine; --processes 1 for one)", flush=True)
+            given += ["--processes", str(n)]
+        code = launch_processes(n, __file__, given)
         if code:
             raise SystemExit(code)
         return {}

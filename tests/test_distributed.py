@@ -206,6 +206,36 @@ def test_processes_divide_the_budget_and_name_what_they_cannot_divide():
     assert done.returncode != 0 and "--processes 3 must divide n_envs=8" in done.stderr
 
 
+def test_processes_by_default_where_two_measured_faster(monkeypatch):
+    """``--processes`` not given (issue 28, item 3): 2 for the full simulated job on a CPU
+    machine of 2+ CPUs (575-598 s against 900-955 s on the project's 2 CPUs); 1 for
+    ``--quick``, on one CPU, where OMP_NUM_THREADS says the caller chose the threads (the
+    grid runner), inside a launched group, on a GPU, for real devices, or where 2 does not
+    divide the config; ``--processes N`` is kept as given."""
+    import argparse
+
+    from digirl_lite.train.cli import default_processes
+    from digirl_lite.train.config import sim_webshop
+
+    full, quick = argparse.Namespace(quick=False), argparse.Namespace(quick=True)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
+    cfg = sim_webshop()
+    assert default_processes(cfg, full) == 2
+    assert default_processes(cfg, quick) == 1
+    assert default_processes(sim_webshop(n_envs=15, rollouts_per_iteration=15), full) == 1
+    assert default_processes(sim_webshop(learner="async", fleet="async"), full) == 1
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0})
+    assert default_processes(cfg, full) == 1
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    assert default_processes(cfg, full) == 1
+    monkeypatch.delenv("OMP_NUM_THREADS")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert default_processes(cfg, full) == 1
+
+
 @pytest.mark.slow
 def test_main_job_with_processes_2_is_the_same_experiment_on_two_processes(tmp_path):
     """``--processes 2``: the recipe launches a group of two processes itself; each runs

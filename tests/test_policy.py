@@ -427,6 +427,21 @@ def test_bf16_updates_in_one_region_see_the_weights_the_optimizer_moved():
     assert final["bf16"][-1] == pytest.approx(final["fp32"][-1], rel=0.1)  # cache on: 2.7x
 
 
+def test_bf16_is_refused_on_a_cpu_that_emulates_it(monkeypatch):
+    """actor_precision='bf16' where the CPU has no bf16 hardware (this project's AVX2 AMD
+    machine: 10x slower than fp32) is a ConfigError naming the field; with the hardware it
+    is accepted."""
+    import digirl_lite.policy.updates as updates
+    from digirl_lite.train.config import ConfigError, sim_quick
+
+    monkeypatch.setattr(updates, "cpu_has_native_bf16", lambda: False)
+    with pytest.raises(ConfigError, match="actor_precision='bf16' on a CPU without"):
+        sim_quick(actor_precision="bf16")
+    monkeypatch.setattr(updates, "cpu_has_native_bf16", lambda: True)
+    assert sim_quick(actor_precision="bf16").actor_precision == "bf16"
+    assert sim_quick().actor_precision == "fp32"
+
+
 def _decoder_states(p, prompts, feats, actions):
     """The decoder's last hidden states over the padded batch, the plain way."""
     enc = p.tokenizer(prompts)

@@ -15,8 +15,20 @@ from digirl_lite.distributed import average_gradients
 if TYPE_CHECKING:  # pragma: no cover
     from digirl_lite.data.records import ScreenTable, Step
 
-__all__ = ["steps_to_batch", "mle_update", "text_mle_update", "actor_precision", "PPOBatch",
+__all__ = ["steps_to_batch", "mle_update", "text_mle_update", "actor_precision",
+           "cpu_has_native_bf16", "PPOBatch",
            "ppo_update", "pad_rows"]
+
+
+def cpu_has_native_bf16() -> bool:
+    """Whether this CPU multiplies bf16 in hardware (avx512_bf16 or AMX). Without, torch
+    emulates it: on the project's AMD EPYC (AVX2 only) an actor update of the main job's
+    shapes took 11.7 s in bf16 against 1.1 s in fp32 (``benchmarks/bench_actor.py
+    --bf16``, 1 thread); on an avx512_bf16 CPU 0.26 s against 0.42 s (issue 16)."""
+    import torch.cpu
+
+    probes = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
+    return any(bool(getattr(torch.cpu, n, lambda: False)()) for n in probes)
 
 
 @contextmanager

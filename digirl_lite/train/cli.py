@@ -18,7 +18,8 @@ from typing import Any
 from digirl_lite.train.config import ConfigError, load_config, sim_quick, sim_webshop
 
 __all__ = ["run_parser", "config_from_args", "cache_dir_of", "print_table", "SPLIT_FIELDS",
-           "per_process", "launch_processes", "add_processes_argument"]
+           "per_process", "launch_processes", "add_processes_argument",
+           "default_processes"]
 
 SPLIT_FIELDS = ("n_envs", "rollouts_per_iteration", "actor_batch", "critic_batch")
 """What ``--processes N`` divides among the processes, so that N processes run the same
@@ -47,10 +48,39 @@ def run_parser(description: str, out: str = "runs/webshop") -> argparse.Argument
 def add_processes_argument(ap: argparse.ArgumentParser) -> None:
     """``--processes N`` for a recipe that launches itself on N processes
     (:func:`launch_processes`); :func:`config_from_args` then gives each its share."""
-    ap.add_argument("--processes", type=int, default=1, metavar="N",
+    ap.add_argument("--processes", type=int, default=None, metavar="N",
                     help="run the same experiment on N data-parallel processes of this "
                          "machine (gloo; the CPUs' threads divided among them): "
-                         + ", ".join(SPLIT_FIELDS) + " are divided by N")
+                         + ", ".join(SPLIT_FIELDS) + " are divided by N. Default: "
+                         "2 for a full simulated run on a CPU machine with 2 or more CPUs "
+                         "and OMP_NUM_THREADS unset, else 1 (default_processes)")
+
+
+def default_processes(cfg, args: argparse.Namespace) -> int:
+    """``--processes`` when it is not given: 2 where two data-parallel processes measured
+    faster than one, else 1. On the project's 2-CPU machine the main job took 575 s and
+    598 s as two processes of one thread each against 900-955 s as one process
+    (``benchmarks/results/main_job_time.json``): its operations are too small for a second
+    thread to help, and two processes split every phase instead. So 2 for a full run (not
+    ``--quick``: its minute would go to starting the group) of the simulated phone on a CPU
+    machine with at least 2 CPUs, when the config divides (:func:`per_process`); 1 where
+    the caller chose the threads (``OMP_NUM_THREADS`` set, as the grid runner does for each
+    of its jobs), inside a launched group, on a GPU, or on real devices."""
+    if (getattr(args, "quick", False) or "WORLD_SIZE" in os.environ
+            or os.environ.get("OMP_NUM_THREADS") or cfg.device != "cpu" or cfg.env != "sim"
+            or cfg.learner != "sync"):
+        return 1
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - macOS
+        cpus = os.cpu_count() or 1
+    if cpus < 2:
+        return 1
+    try:
+        per_process(cfg, 2)
+    except ConfigError:
+        return 1
+    return 2
 
 
 def per_process(cfg, n: int):
@@ -114,7 +144,7 @@ def config_from_args(args: argparse.Namespace, **extra: Any):
 def _share(cfg, args: argparse.Namespace):
     """This process's share of ``cfg`` under ``--processes`` (:func:`per_process`); inside
     the group, the group must be the size asked for."""
-    n = getattr(args, "processes", 1)
+    n = getattr(args, "processes", None) or 1  # None: not given (the launcher decides)
     world = os.environ.get("WORLD_SIZE")
     if n > 1 and world is not None and int(world) != n:
         raise ConfigError(f"--processes {n} inside a group of {world} processes")

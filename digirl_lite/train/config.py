@@ -421,7 +421,13 @@ class DigiRLConfig:
     5x faster and an update 1.6x (0.40 -> 0.26 s at batch 128, benchmarks/bench_actor.py),
     but the main job trained in bf16 fell from 60.4% to 0.0% held-out after the offline
     phase (every step an unparseable string; fp32: 79.2%) and ended at 53.1% (fp32: 82.3%).
-    So fp32 by default; "bf16" is for GPUs and larger models, to be measured there."""
+    That collapse was a bug, found and fixed in issue 28: the phase's updates ran in one
+    autocast region whose weight cache handed every forward the bf16 weights of the first,
+    so every update took the first one's gradient (:func:`~digirl_lite.policy.updates.
+    actor_precision` now turns the cache off; the quick job's offline actor loss 0.838 in
+    bf16, 0.828 in fp32, 1.151 before the fix). On a CPU without bf16 hardware (no
+    avx512_bf16 or AMX, e.g. an AVX2 AMD EPYC) torch emulates it, 10x slower than fp32:
+    refused there with a ConfigError. fp32 stays the default."""
 
     # -- evaluation -----------------------------------------------------------------------
     eval_tasks: int = 96
@@ -628,6 +634,14 @@ class DigiRLConfig:
     def _check_policy(self) -> None:
         if self.policy not in ("autoui", "vlm"):
             raise ConfigError(f"policy must be 'autoui' or 'vlm', got {self.policy!r}")
+        if self.actor_precision == "bf16" and self.device == "cpu":
+            from digirl_lite.policy.updates import cpu_has_native_bf16
+
+            if not cpu_has_native_bf16():
+                raise ConfigError("actor_precision='bf16' on a CPU without bf16 hardware "
+                                  "(no avx512_bf16 or AMX): torch emulates it, about 10x "
+                                  "slower than fp32 (11.7 s against 1.1 s per update, "
+                                  "benchmarks/bench_actor.py); use 'fp32' here")
         if self.policy == "autoui":
             if self.policy_path is not None:
                 raise ConfigError("policy_path is the base model of policy 'vlm'; policy "
