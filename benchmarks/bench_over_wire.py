@@ -34,7 +34,7 @@ STAGES = ("copier", "offline", "online")
 def start(kind: str, out: Path, seed: int, phones: int, extra: list[str],
           threads: int | None) -> tuple[subprocess.Popen, list]:
     cmd = [sys.executable, str(ROOT / "recipes" / "offline_to_online.py"), "--seed", str(seed),
-           "--out", str(out / kind), "--cache-dir", "", "--quiet", *extra]
+           "--out", str(out / kind), "--cache-dir", "", "--quiet", "--processes", "1", *extra]
     procs = []
     if kind == "wire":
         from digirl_lite.envs.sim.serve import spawn_phones

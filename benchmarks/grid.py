@@ -331,17 +331,9 @@ def _diff_config(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
     since, left out): a field the algorithm does not read is left out, and one whose None
     means the algorithm's own value (``actor_lr``, ``policy_loss_norm``) is compared as
     that value, so a default that moved shows and a spelling of the same run does not."""
-    from digirl_lite.train.config import ACTOR_LR, POLICY_LOSS_NORM, UNREAD
+    from digirl_lite.train.config import effective_fields
 
-    def effective(d: dict[str, Any]) -> dict[str, Any]:
-        alg = d.get("algorithm", "digirl")
-        d = {k: v for k, v in d.items() if k not in UNREAD.get(alg, ())}
-        for name, own in (("actor_lr", ACTOR_LR), ("policy_loss_norm", POLICY_LOSS_NORM)):
-            if name in d and d[name] is None:
-                d[name] = own.get(alg)
-        return d
-
-    a, b = effective(a), effective(b)
+    a, b = effective_fields(a), effective_fields(b)
     return sorted(k for k in set(a) & set(b) if a[k] != b[k])
 
 

@@ -25,7 +25,9 @@ from digirl_lite.train.cli import (
     default_processes,
     launch_processes,
     print_table,
+    processes_of_run,
     run_parser,
+    usable_cpus,
 )
 from digirl_lite.train.config import ConfigError, with_algorithm
 from digirl_lite.train.trainer import RunStopped, Trainer
@@ -42,13 +44,17 @@ def main(argv: list[str] | None = None) -> dict:
     add_processes_argument(ap)
     args = ap.parse_args(argv)
     cfg = config_from_args(args)  # a config that cannot run fails here, before any launch
-    n = args.processes or default_processes(cfg, args)
+    n, why = args.processes, ""
+    if n is None:  # not given: as the run being resumed ran, else where 2 measured faster
+        ran_on = processes_of_run(args.out) if args.resume else None
+        n, why = ((ran_on, "as the run ran") if ran_on else
+                  (default_processes(cfg, args), "faster than one on a CPU machine"))
     if n > 1 and "WORLD_SIZE" not in os.environ:
         given = sys.argv[1:] if argv is None else list(argv)
         if args.processes is None:  # chosen here: say so, and tell the group
-            threads = max(1, (os.cpu_count() or 1) // n)
+            threads = max(1, usable_cpus() // n)
             print(f"[digirl_lite] {n} data-parallel processes of {threads} thread(s) each "
-                  "(faster than one on a CPU machine; --processes 1 for one)", flush=True)
+                  f"({why}; --processes 1 for one)", flush=True)
             given += ["--processes", str(n)]
         code = launch_processes(n, __file__, given)
         if code:

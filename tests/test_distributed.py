@@ -262,8 +262,17 @@ def test_main_job_with_processes_2_is_the_same_experiment_on_two_processes(tmp_p
     assert sorted(t.traj_id for t in trajs if t.traj_id.startswith("online-")) == [
         f"online-s0-it{it:04d}-{j:05d}" for it in range(1, iterations + 1) for j in range(k)]
     # resumed on one process, the run is refused, and the message says how it ran
-    again = subprocess.run([c for c in cmd if c not in ("--processes", "2")] + ["--resume"],
+    plain = [c for c in cmd if c not in ("--processes", "2")] + ["--resume"]
+    again = subprocess.run([*plain, "--processes", "1"],
                            cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert again.returncode != 0
     assert "n_envs: 2 in the run, 4 now" in again.stderr
     assert "it ran on 2 processes, this is 1" in again.stderr
+    # without --processes, --resume goes on as the run ran (its checkpoint says 2)
+    from digirl_lite.train.cli import processes_of_run
+
+    assert processes_of_run(out) == 2 and processes_of_run(tmp_path / "none") is None
+    again = subprocess.run(plain, cwd=tmp_path, capture_output=True, text=True, timeout=600,
+                           env={**os.environ, "OMP_NUM_THREADS": "2"})
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    assert "2 data-parallel processes of 1 thread(s) each (as the run ran" in again.stdout

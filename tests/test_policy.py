@@ -424,7 +424,8 @@ def test_bf16_updates_in_one_region_see_the_weights_the_optimizer_moved():
                       for _ in range(20)]
         final[precision] = losses
     assert final["fp32"][-1] < 0.5 * final["fp32"][0]
-    assert final["bf16"][-1] == pytest.approx(final["fp32"][-1], rel=0.1)  # cache on: 2.7x
+    assert final["bf16"][-1] < 0.5 * final["bf16"][0]  # cache on: 0.84 of the first
+    assert final["bf16"][-1] == pytest.approx(final["fp32"][-1], rel=0.2)  # cache on: 2.7x
 
 
 def test_bf16_is_refused_on_a_cpu_that_emulates_it(monkeypatch):

@@ -259,13 +259,16 @@ def test_the_trainer_learns_on_policy_from_its_own_samples(tmp_path, algorithm):
                                           ("constrained_decoding", True),
                                           ("actor_precision", "bf16"), ("actor_updates", 0)])
 @pytest.mark.parametrize("algorithm", ["ppo", "grpo"])
-def test_on_policy_refuses_what_its_ratio_cannot_use(algorithm, field, value):
+def test_on_policy_refuses_what_its_ratio_cannot_use(algorithm, field, value, monkeypatch):
     """The ratio scores recorded tokens with the model at temperature 1, unmasked, in fp32:
     a config sampling from another distribution fails before any collection, naming the
     field (as does actor_updates=0, which would not freeze PPO)."""
+    import digirl_lite.policy.updates as updates
     from digirl_lite.errors import ConfigError
     from digirl_lite.train.config import sim_quick
 
+    # bf16 as on a CPU with bf16 hardware (elsewhere it is refused for every algorithm)
+    monkeypatch.setattr(updates, "cpu_has_native_bf16", lambda: True)
     with pytest.raises(ConfigError, match=field):
         sim_quick(algorithm=algorithm, **{field: value})
     sim_quick(algorithm="digirl", **{field: value})  # DigiRL's likelihood has no ratio

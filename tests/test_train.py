@@ -284,3 +284,18 @@ def test_sft_starts_with_copy_drills_that_teach_copying(tmp_path):
     assert after > before + 10
     with pytest.raises(ValueError, match="sft_copy_share"):
         sim_quick(sft_copy_share=1.0)
+
+
+def test_effective_fields_compare_runs_as_they_run():
+    """A moved default compares as the value the run uses (None: the algorithm's own, issue
+    28), and a field the algorithm does not read is left out; so a checkpoint or grid result
+    written before a default moved differs only where the run would."""
+    from digirl_lite.train.config import ACTOR_LR, effective_fields, sim_webshop
+
+    old_digirl = {**sim_webshop().as_dict(), "policy_loss_norm": "token", "actor_lr": 1e-4}
+    assert effective_fields(old_digirl) == effective_fields(sim_webshop().as_dict())
+    grpo = sim_webshop(algorithm="grpo").as_dict()
+    eff = effective_fields(grpo)
+    assert eff["policy_loss_norm"] == "trajectory" and eff["actor_lr"] == ACTOR_LR["grpo"]
+    assert "ppo_lam" not in eff and "step_filter" not in eff  # GRPO reads neither
+    assert effective_fields({**grpo, "policy_loss_norm": "token"}) != eff

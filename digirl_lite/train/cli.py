@@ -19,7 +19,7 @@ from digirl_lite.train.config import ConfigError, load_config, sim_quick, sim_we
 
 __all__ = ["run_parser", "config_from_args", "cache_dir_of", "print_table", "SPLIT_FIELDS",
            "per_process", "launch_processes", "add_processes_argument",
-           "default_processes"]
+           "default_processes", "usable_cpus", "processes_of_run"]
 
 SPLIT_FIELDS = ("n_envs", "rollouts_per_iteration", "actor_batch", "critic_batch")
 """What ``--processes N`` divides among the processes, so that N processes run the same
@@ -56,6 +56,29 @@ def add_processes_argument(ap: argparse.ArgumentParser) -> None:
                          "and OMP_NUM_THREADS unset, else 1 (default_processes)")
 
 
+def usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity: a container or ``taskset`` pinned
+    to 2 of 64 CPUs has 2), ``os.cpu_count()`` where the platform cannot say."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - macOS
+        return os.cpu_count() or 1
+
+
+def processes_of_run(out) -> int | None:
+    """How many processes the run in ``out`` ran on, from its newest checkpoint (None: no
+    readable checkpoint), so that ``--resume`` without ``--processes`` goes on as it ran."""
+    from pathlib import Path
+
+    root = Path(out) / "checkpoints"
+    try:
+        state = json.loads((root / (root / "latest").read_text().strip() / "state.json"
+                            ).read_text())
+        return int(state["summary"].get("processes", 1))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 def default_processes(cfg, args: argparse.Namespace) -> int:
     """``--processes`` when it is not given: 2 where two data-parallel processes measured
     faster than one, else 1. On the project's 2-CPU machine the main job took 575 s and
@@ -70,11 +93,7 @@ def default_processes(cfg, args: argparse.Namespace) -> int:
             or os.environ.get("OMP_NUM_THREADS") or cfg.device != "cpu" or cfg.env != "sim"
             or cfg.learner != "sync"):
         return 1
-    try:
-        cpus = len(os.sched_getaffinity(0))
-    except AttributeError:  # pragma: no cover - macOS
-        cpus = os.cpu_count() or 1
-    if cpus < 2:
+    if usable_cpus() < 2:
         return 1
     try:
         per_process(cfg, 2)
@@ -101,12 +120,12 @@ def per_process(cfg, n: int):
 def launch_processes(n: int, script: str, argv: list[str]) -> int:
     """Run ``python script argv`` as ``n`` processes of a standalone
     ``torch.distributed.run`` group on this machine, each with its share of the threads
-    (``OMP_NUM_THREADS``, or the CPUs, divided by ``n``); returns the group's exit status.
+    (``OMP_NUM_THREADS``, or the usable CPUs, divided by ``n``); returns the group's exit status.
 
     On this project's 2-CPU machine the main job's operations are too small for two
     threads to speed them up much (one process: about 950 s at 1 thread, 900 s at 2);
     two processes of one thread each split every phase's work instead."""
-    threads = int(os.environ.get("OMP_NUM_THREADS") or os.cpu_count() or 1)
+    threads = int(os.environ.get("OMP_NUM_THREADS") or usable_cpus())
     env = {**os.environ, "OMP_NUM_THREADS": str(max(1, threads // n))}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
            f"--nproc_per_node={n}", script, *argv]
@@ -144,7 +163,8 @@ def config_from_args(args: argparse.Namespace, **extra: Any):
 def _share(cfg, args: argparse.Namespace):
     """This process's share of ``cfg`` under ``--processes`` (:func:`per_process`); inside
     the group, the group must be the size asked for."""
-    n = getattr(args, "processes", None) or 1  # None: not given (the launcher decides)
+    n = getattr(args, "processes", None)
+    n = 1 if n is None else n  # None: not given (the recipe's launcher decides)
     world = os.environ.get("WORLD_SIZE")
     if n > 1 and world is not None and int(world) != n:
         raise ConfigError(f"--processes {n} inside a group of {world} processes")

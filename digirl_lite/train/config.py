@@ -15,7 +15,7 @@ from typing import Any
 from digirl_lite.errors import ConfigError
 
 __all__ = ["ConfigError", "DigiRLConfig", "load_config", "sim_webshop", "sim_quick",
-           "with_algorithm"]
+           "with_algorithm", "effective_fields"]
 
 ALGORITHMS = ("digirl", "filtered_bc", "awr", "ppo", "grpo")
 STEP_FILTERS = ("paper", "released", "none")  # digirl_lite.filters.STEP_FILTERS
@@ -40,6 +40,20 @@ UNREAD = {"digirl": ("awr_beta", "awr_max_weight", *_PPO, *_PPO_ONLY, *_GRPO),
           "awr": (*_PPO, *_PPO_ONLY, *_GRPO),
           "ppo": (*_DIGIRL, *_GRPO),
           "grpo": (*_DIGIRL, *_PPO_ONLY)}
+
+
+def effective_fields(d: dict[str, Any]) -> dict[str, Any]:
+    """A config's fields (``DigiRLConfig.as_dict()``, as saved with a run) as the run uses
+    them: the fields its algorithm does not read (:data:`UNREAD`) left out, and those whose
+    None means the algorithm's own value (``actor_lr``, ``policy_loss_norm``) given that
+    value. Two runs whose effective fields agree are the same run, whatever their defaults
+    were when each was written (checkpoints on resume, grid results)."""
+    alg = d.get("algorithm", "digirl")
+    out = {k: v for k, v in d.items() if k not in UNREAD.get(alg, ())}
+    for name, own in (("actor_lr", ACTOR_LR), ("policy_loss_norm", POLICY_LOSS_NORM)):
+        if name in out and out[name] is None:
+            out[name] = own.get(alg)
+    return out
 
 
 @dataclass
@@ -367,7 +381,7 @@ class DigiRLConfig:
     """How PPO's and GRPO's policy loss (and KL) averages over tokens: None, the algorithm's
     own (:data:`POLICY_LOSS_NORM`: "token" for PPO, "trajectory" for GRPO, issue 28;
     :attr:`policy_loss_normalisation`), "token" (every action
-    token alike, a token mean over the minibatch, as DAPO; the default) or "trajectory" (each
+    token alike, a token mean over the minibatch, as DAPO; PPO's default) or "trajectory" (each
     trajectory's tokens together weigh as much as any other trajectory's: a token's weight is
     1 / the action tokens of its trajectory in the iteration, as the original GRPO's
     per-sample mean, over a multi-turn trajectory). Under "token" a trajectory counts by its
@@ -634,10 +648,13 @@ class DigiRLConfig:
     def _check_policy(self) -> None:
         if self.policy not in ("autoui", "vlm"):
             raise ConfigError(f"policy must be 'autoui' or 'vlm', got {self.policy!r}")
-        if self.actor_precision == "bf16" and self.device == "cpu":
+        if self.actor_precision == "bf16" and self.device in ("cpu", "auto"):
+            import torch
+
             from digirl_lite.policy.updates import cpu_has_native_bf16
 
-            if not cpu_has_native_bf16():
+            on_cpu = self.device == "cpu" or not torch.cuda.is_available()
+            if on_cpu and not cpu_has_native_bf16():
                 raise ConfigError("actor_precision='bf16' on a CPU without bf16 hardware "
                                   "(no avx512_bf16 or AMX): torch emulates it, about 10x "
                                   "slower than fp32 (11.7 s against 1.1 s per update, "

@@ -49,7 +49,7 @@ from digirl_lite.policy.updates import (
 )
 from digirl_lite.rollout.episode import SampledAction
 from digirl_lite.rollout.fleet import JudgeUnavailable
-from digirl_lite.train.config import DigiRLConfig
+from digirl_lite.train.config import DigiRLConfig, effective_fields
 from digirl_lite.train.evaluate import evaluate
 
 __all__ = ["PolicyBatchAgent", "Trainer", "RunStopped", "mle_update", "steps_to_batch",
@@ -956,6 +956,9 @@ class Trainer:
         # a field added since the run was saved, left at its default, changes nothing
         defaults = json.loads(json.dumps(DigiRLConfig().as_dict(), default=str))
         saved = {**{k: v for k, v in defaults.items() if k not in saved}, **saved}
+        # compared as the run uses them: a moved default (None: the algorithm's own) that
+        # gives the same value, or a field the algorithm does not read, changes nothing
+        saved, now = effective_fields(saved), effective_fields(now)
         changed = {k: (saved.get(k, "<unset>"), now.get(k, "<unset>"))
                    for k in sorted(set(saved) | set(now)) if saved.get(k) != now.get(k)}
         if "algorithm" in changed:  # another learner's weights and optimiser state
