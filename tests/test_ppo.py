@@ -564,3 +564,44 @@ def test_on_policy_readings_reads_a_ppo_run(tmp_path):
     assert mod.main([str(run), "--json", str(out)]) == 0
     assert json.loads(out.read_text())[0]["run"] == str(run)
     assert mod.main([str(tmp_path)]) == 2
+
+
+@pytest.mark.parametrize("algorithm", ["ppo", "grpo"])
+def test_offline_imitation_trains_the_actor_on_the_piles_successes_first(tmp_path, algorithm):
+    """``offline_imitation`` (issue 28): the offline phase runs Filtered BC's on the pile
+    (its successes' valid steps, ``offline_actor_updates`` updates at the imitation rate,
+    an optimiser of its own) before PPO's value warm-up; the run's actor optimiser is left
+    as it was. Off, the offline phase leaves the actor's weights as shipped. DigiRL, which
+    has its own offline phase, refuses the field."""
+    from digirl_lite.train.config import sim_quick
+    from digirl_lite.train.trainer import Trainer
+
+    weights = {}
+    for imitation in (False, True):
+        warm = {"critic_warmup_updates": 2} if algorithm == "ppo" else {}
+        cfg = sim_quick(algorithm=algorithm, pile_size=8, n_envs=4, offline_actor_updates=3,
+                        actor_batch=8, offline_imitation=imitation, **warm)
+        t = Trainer(cfg, tmp_path / str(imitation), cache_dir=None, progress=False)
+        t.build_starting_policy()
+        pile = t.build_pile()
+        opt = t.actor_opt
+        before = t.policy.model.lm_head.weight.detach().clone()
+        info = t.learner.offline(pile)
+        after = t.policy.model.lm_head.weight.detach()
+        assert t.actor_opt is opt and opt.param_groups[0]["lr"] == cfg.actor_learning_rate
+        if imitation:
+            wins = [x for x in pile if x.is_usable and x.final_reward > 0]
+            assert info["imitation_kept_trajectories"] == len(wins) > 0
+            assert info["imitation_kept_steps"] > 0
+            assert np.isfinite(info["imitation_actor_loss"])
+            assert not torch.equal(before, after)
+            assert t.learner.offline_work.startswith("the actor on the pile's successes")
+        else:
+            assert not any(k.startswith("imitation_") for k in info)
+            assert torch.equal(before, after)
+        if algorithm == "ppo":
+            assert info["warmup_value_loss_after"] < info["warmup_value_loss_before"]
+        weights[imitation] = after.clone()
+    assert not torch.equal(weights[False], weights[True])
+    with pytest.raises(ValueError, match="offline_imitation=True has no effect"):
+        sim_quick(offline_imitation=True)

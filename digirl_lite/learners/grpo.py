@@ -18,7 +18,7 @@ __all__ = ["GRPO"]
 
 class GRPO(PPO):
     name = "grpo"
-    offline_work = "nothing (GRPO)"
+    own_offline_work = "nothing (GRPO)"
     value_coef_applies = False
 
     def actor_param_groups(self) -> list[dict[str, Any]]:
@@ -33,7 +33,8 @@ class GRPO(PPO):
         return draw_groups(trajs, c.grpo_group) if c.grpo_groups == "draw" else None
 
     def offline(self, pile: Sequence[Trajectory]) -> dict[str, Any]:
-        if not self.cfg.offline_policy_passes:
-            return {}
-        return self.run._timed("offline_actor", lambda: self.train_on_policy(
-            pile, passes=self.cfg.offline_policy_passes))
+        info = self.imitate(pile)
+        if self.cfg.offline_policy_passes:
+            info.update(self.run._timed("offline_actor", lambda: self.train_on_policy(
+                pile, passes=self.cfg.offline_policy_passes)))
+        return info

@@ -42,12 +42,20 @@ no KL penalty: the copy and one scoring pass per iteration cost little."""
 class PPO(Learner):
     name = "ppo"
     on_policy = True
-    offline_work = "the value head's warm-up"
+    own_offline_work = "the value head's warm-up"
     value_coef_applies = True  # GRPO: no value head in the loss
 
     def __init__(self, run) -> None:
         super().__init__(run)
         self._reference = None  # the frozen starting policy (reference_policy)
+
+    @property
+    def offline_work(self) -> str:
+        """For the run's line about the offline phase."""
+        if not self.cfg.offline_imitation:
+            return self.own_offline_work
+        then = f", then {self.own_offline_work}" if self.value_coef_applies else ""
+        return f"the actor on the pile's successes{then}"
 
     def actor_param_groups(self) -> list[dict[str, Any]]:
         """The policy's weights at ``actor_lr`` and the value head's at ``value_lr``."""
@@ -58,11 +66,31 @@ class PPO(Learner):
     # -- the phases -------------------------------------------------------------------------
     def offline(self, pile: Sequence[Trajectory]) -> dict[str, Any]:
         run, c = self.run, self.cfg
-        info = run._timed("offline_actor", lambda: self.warm_up_value_head(pile))
+        info = self.imitate(pile)
+        info.update(run._timed("offline_actor", lambda: self.warm_up_value_head(pile)))
         if c.offline_policy_passes:  # and the learner's own update on the pile
             info.update(run._timed("offline_actor", lambda: self.train_on_policy(
                 pile, passes=c.offline_policy_passes)))
         return info
+
+    def imitate(self, pile: Sequence[Trajectory]) -> dict[str, Any]:
+        """``offline_imitation``: Filtered BC's offline phase on ``pile`` (every valid step of
+        its successes, ``offline_actor_updates`` updates) with an AdamW of its own at the
+        imitation rate; the run's actor optimiser (PPO's rate, and the value head) is left
+        as it was. Logged as ``imitation_*``; {} when off."""
+        from digirl_lite.learners.filtered_bc import FilteredBC
+
+        run, c = self.run, self.cfg
+        if not c.offline_imitation:
+            return {}
+        params = [p for p in self.policy.parameters() if p.requires_grad]
+        own = torch.optim.AdamW(params, lr=c.imitation_learning_rate)
+        kept_opt, run.actor_opt = run.actor_opt, own
+        try:
+            info = run._timed("offline_actor", lambda: FilteredBC(run).offline(pile))
+        finally:
+            run.actor_opt = kept_opt
+        return {f"imitation_{k}": v for k, v in info.items()}
 
     def update(self, collected: Sequence[Trajectory]) -> dict[str, Any]:
         out = self.run._timed("actor", lambda: self.train_on_policy(collected))
