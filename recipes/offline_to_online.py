@@ -27,7 +27,7 @@ from digirl_lite.train.cli import (
     print_table,
     processes_of_run,
     run_parser,
-    usable_cpus,
+    threads_per_process,
 )
 from digirl_lite.train.config import ConfigError, with_algorithm
 from digirl_lite.train.trainer import RunStopped, Trainer
@@ -52,9 +52,8 @@ def main(argv: list[str] | None = None) -> dict:
     if n > 1 and "WORLD_SIZE" not in os.environ:
         given = sys.argv[1:] if argv is None else list(argv)
         if args.processes is None:  # chosen here: say so, and tell the group
-            threads = max(1, usable_cpus() // n)
-            print(f"[digirl_lite] {n} data-parallel processes of {threads} thread(s) each "
-                  f"({why}; --processes 1 for one)", flush=True)
+            print(f"[digirl_lite] {n} data-parallel processes of {threads_per_process(n)} "
+                  f"thread(s) each ({why}; --processes 1 for one)", flush=True)
             given += ["--processes", str(n)]
         code = launch_processes(n, __file__, given)
         if code:

@@ -86,8 +86,8 @@ class PPO(Learner):
         params = [p for p in self.policy.parameters() if p.requires_grad]
         own = torch.optim.AdamW(params, lr=c.imitation_learning_rate)
         kept_opt, run.actor_opt = run.actor_opt, own
-        try:
-            info = run._timed("offline_actor", lambda: FilteredBC(run).offline(pile))
+        try:  # FilteredBC.offline times its own parts (offline_filter, offline_actor)
+            info = FilteredBC(run).offline(pile)
         finally:
             run.actor_opt = kept_opt
         return {f"imitation_{k}": v for k, v in info.items()}

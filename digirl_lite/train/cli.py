@@ -19,7 +19,8 @@ from digirl_lite.train.config import ConfigError, load_config, sim_quick, sim_we
 
 __all__ = ["run_parser", "config_from_args", "cache_dir_of", "print_table", "SPLIT_FIELDS",
            "per_process", "launch_processes", "add_processes_argument",
-           "default_processes", "usable_cpus", "processes_of_run"]
+           "default_processes", "usable_cpus", "threads_per_process",
+           "processes_of_run"]
 
 SPLIT_FIELDS = ("n_envs", "rollouts_per_iteration", "actor_batch", "critic_batch")
 """What ``--processes N`` divides among the processes, so that N processes run the same
@@ -63,6 +64,12 @@ def usable_cpus() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # pragma: no cover - macOS
         return os.cpu_count() or 1
+
+
+def threads_per_process(n: int) -> int:
+    """Each of ``n`` launched processes' threads: ``OMP_NUM_THREADS`` (or the usable CPUs)
+    divided by ``n``, at least 1."""
+    return max(1, int(os.environ.get("OMP_NUM_THREADS") or usable_cpus()) // n)
 
 
 def processes_of_run(out) -> int | None:
@@ -125,8 +132,7 @@ def launch_processes(n: int, script: str, argv: list[str]) -> int:
     On this project's 2-CPU machine the main job's operations are too small for two
     threads to speed them up much (one process: about 950 s at 1 thread, 900 s at 2);
     two processes of one thread each split every phase's work instead."""
-    threads = int(os.environ.get("OMP_NUM_THREADS") or usable_cpus())
-    env = {**os.environ, "OMP_NUM_THREADS": str(max(1, threads // n))}
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads_per_process(n))}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
            f"--nproc_per_node={n}", script, *argv]
     return subprocess.run(cmd, env=env).returncode
