@@ -236,6 +236,22 @@ def test_processes_by_default_where_two_measured_faster(monkeypatch):
     assert default_processes(cfg, full) == 1
 
 
+def test_processes_of_run_reads_the_checkpoint_not_only_the_summary(tmp_path):
+    """A run killed before its first evaluation has a checkpoint whose summary does not say
+    how many processes it ran on; the checkpoint itself does (found by a kill -9 of the
+    2-process main job in its offline phase: --resume went on as 1 process and was
+    refused)."""
+    from digirl_lite.train.cli import processes_of_run
+
+    ckpt = tmp_path / "checkpoints" / "ckpt-00003"
+    ckpt.mkdir(parents=True)
+    (tmp_path / "checkpoints" / "latest").write_text("ckpt-00003")
+    (ckpt / "state.json").write_text(json.dumps({"processes": 2, "summary": {}}))
+    assert processes_of_run(tmp_path) == 2
+    (ckpt / "state.json").write_text("{not json")
+    assert processes_of_run(tmp_path) is None
+
+
 @pytest.mark.slow
 def test_main_job_with_processes_2_is_the_same_experiment_on_two_processes(tmp_path):
     """``--processes 2``: the recipe launches a group of two processes itself; each runs

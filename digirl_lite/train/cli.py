@@ -81,7 +81,7 @@ def processes_of_run(out) -> int | None:
     try:
         state = json.loads((root / (root / "latest").read_text().strip() / "state.json"
                             ).read_text())
-        return int(state["summary"].get("processes", 1))
+        return int(state.get("processes", state.get("summary", {}).get("processes", 1)))
     except (OSError, ValueError, KeyError, TypeError):
         return None
 

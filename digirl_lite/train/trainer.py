@@ -968,7 +968,7 @@ class Trainer:
         if changed and not allow_config_change:
             lines = "\n  ".join(f"{k}: {a!r} in the run, {b!r} now" for k, (a, b)
                                 in changed.items())
-            ran_on = state["summary"].get("processes", 1)
+            ran_on = state.get("processes", state["summary"].get("processes", 1))
             hint = (f" (it ran on {ran_on} processes, this is {self.world}: the recipes' "
                     f"--processes {ran_on} gives each its share)" if ran_on != self.world
                     else "")
