@@ -176,7 +176,8 @@ def make_ppo_run(out: Path, seed: int = 0) -> dict:
         cfg = sim_quick(algorithm="ppo", seed=seed, starting_policy=str(Path(tmp) / "tiny"),
                         pile_size=8, iterations=2, rollouts_per_iteration=8, n_envs=4,
                         eval_tasks=4, eval_every=1, critic_warmup_updates=10,
-                        ppo_minibatch=8, ppo_epochs=2, actor_lr=1e-3)
+                        ppo_minibatch=8, ppo_epochs=2, actor_lr=1e-3,
+                        offline_imitation=False)
         trainer = Trainer(cfg, out, cache_dir=None, progress=False)
 
         def stand_in(screens=None):

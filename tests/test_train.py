@@ -54,6 +54,10 @@ def test_config_validates_and_round_trips():
     # the on-policy learners' own rate (issue 28), unless actor_lr says
     assert DigiRLConfig(algorithm="ppo").actor_learning_rate == 1e-5
     assert DigiRLConfig(algorithm="grpo", actor_lr=3e-5).actor_learning_rate == 3e-5
+    # and their offline imitation (issue 28), on unless offline_imitation says
+    assert DigiRLConfig(algorithm="ppo").imitates_offline
+    assert not DigiRLConfig(algorithm="grpo", offline_imitation=False).imitates_offline
+    assert not DigiRLConfig().imitates_offline
     with pytest.raises(ValueError, match="actor_lr"):
         DigiRLConfig(actor_lr=0.0)
 
@@ -299,3 +303,6 @@ def test_effective_fields_compare_runs_as_they_run():
     assert eff["policy_loss_norm"] == "trajectory" and eff["actor_lr"] == ACTOR_LR["grpo"]
     assert "ppo_lam" not in eff and "step_filter" not in eff  # GRPO reads neither
     assert effective_fields({**grpo, "policy_loss_norm": "token"}) != eff
+    assert eff["offline_imitation"] is True  # None: GRPO's own
+    # a result written when offline imitation was off by default differs
+    assert effective_fields({**grpo, "offline_imitation": False}) != eff

@@ -52,7 +52,7 @@ class PPO(Learner):
     @property
     def offline_work(self) -> str:
         """For the run's line about the offline phase."""
-        if not self.cfg.offline_imitation:
+        if not self.cfg.imitates_offline:
             return self.own_offline_work
         then = f", then {self.own_offline_work}" if self.value_coef_applies else ""
         return f"the actor on the pile's successes{then}"
@@ -81,7 +81,7 @@ class PPO(Learner):
         from digirl_lite.learners.filtered_bc import FilteredBC
 
         run, c = self.run, self.cfg
-        if not c.offline_imitation:
+        if not c.imitates_offline:
             return {}
         params = [p for p in self.policy.parameters() if p.requires_grad]
         own = torch.optim.AdamW(params, lr=c.imitation_learning_rate)

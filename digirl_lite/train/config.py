@@ -25,6 +25,8 @@ ACTOR_LR = {"digirl": 1e-4, "filtered_bc": 1e-4, "awr": 1e-4, "ppo": 1e-5, "grpo
 imitation learners, 10x lower for the on-policy ones (issue 28; see ``actor_lr``)."""
 POLICY_LOSS_NORM = {"ppo": "token", "grpo": "trajectory"}
 """PPO's and GRPO's ``policy_loss_norm`` where it is None (issue 28; see the field)."""
+OFFLINE_IMITATION = {"ppo": True, "grpo": True}
+"""PPO's and GRPO's ``offline_imitation`` where it is None (issue 28; see the field)."""
 ASYNC_FLEETS = ("async", "ray")  # the fleets with start / take (rollout.async_fleet)
 _PPO = ("ppo_clip_eps", "ppo_epochs", "ppo_minibatch", "kl_coef", "kl_reference",
         "offline_policy_passes", "offline_imitation",
@@ -50,7 +52,8 @@ def effective_fields(d: dict[str, Any]) -> dict[str, Any]:
     were when each was written (checkpoints on resume, grid results)."""
     alg = d.get("algorithm", "digirl")
     out = {k: v for k, v in d.items() if k not in UNREAD.get(alg, ())}
-    for name, own in (("actor_lr", ACTOR_LR), ("policy_loss_norm", POLICY_LOSS_NORM)):
+    for name, own in (("actor_lr", ACTOR_LR), ("policy_loss_norm", POLICY_LOSS_NORM),
+                      ("offline_imitation", OFFLINE_IMITATION)):
         if name in out and out[name] is None:
             out[name] = own.get(alg)
     return out
@@ -403,8 +406,9 @@ class DigiRLConfig:
     offline phase leaves the actor as it is (Darwin A.6: only the value head's warm-up).
     DigiRL's offline phase trains the actor on the same pile. Measured (issue 28's screen,
     PPO at lr 1e-5): 2 passes left held-out where it was (60.4% after them, from 58.3%)."""
-    offline_imitation: bool = False
-    """PPO / GRPO: the offline phase first runs Filtered BC's (``offline_actor_updates``
+    offline_imitation: bool | None = None
+    """PPO / GRPO (None: True for both, :data:`OFFLINE_IMITATION`; read it as
+    :attr:`imitates_offline`): the offline phase first runs Filtered BC's (``offline_actor_updates``
     maximum-likelihood updates, minibatches of ``actor_batch``, on every valid step of the
     pile's successes, at the imitation learners' rate ``ACTOR_LR["filtered_bc"]`` with an
     AdamW of its own), then PPO's value warm-up: the on-policy learner starts from the
@@ -415,7 +419,8 @@ class DigiRLConfig:
     GRPO without it start 15 points below where DigiRL starts its online phase and end at
     63.9% / 65.3% (3 seeds; DigiRL 76.4% [71.0, 81.8]). With it (``learners_imitation_webshop``,
     2 seeds): 76.0% after the offline phase, PPO ends at 77.1 / 70.8%, GRPO at 77.1 / 81.2%,
-    within DigiRL's interval. Not yet the default: 3 seeds on one commit first."""
+    within DigiRL's interval. The default for both since then; the 3-seed table on one
+    commit: grid ``learners_default_webshop``."""
     grpo_group: int = 4
     """GRPO: attempts per task per iteration (``rollouts_per_iteration`` must be a multiple;
     Darwin gives no number)."""
@@ -501,6 +506,14 @@ class DigiRLConfig:
         """The imitation learners' rate (:data:`ACTOR_LR` of Filtered BC), which PPO's and
         GRPO's ``offline_imitation`` trains at."""
         return ACTOR_LR["filtered_bc"]
+
+    @property
+    def imitates_offline(self) -> bool:
+        """``offline_imitation``, or the algorithm's own where it is None
+        (:data:`OFFLINE_IMITATION`; False for the algorithms it does not apply to)."""
+        if self.offline_imitation is not None:
+            return self.offline_imitation
+        return OFFLINE_IMITATION.get(self.algorithm, False)
 
     @property
     def policy_loss_normalisation(self) -> str | None:
