@@ -82,8 +82,9 @@ def _summary_table(rows: list[dict[str, Any]]) -> str:
         fk = r.get("failure_kinds") or {}
         body.append(
             f"<tr><td>{e(str(r['stage']))}</td><td>{_fmt(r.get('online_trajectories'), 'd')}</td>"
-            f"<td>{_fmt(r.get('success_rate'))}</td>"
-            f"<td>[{_fmt(ci[0], '.2f')}, {_fmt(ci[1], '.2f')}]</td>"
+            + (f"<td>incomplete: {e(str(r.get('judged')))} judged</td>"  # issue 29
+               if r.get("complete") is False else f"<td>{_fmt(r.get('success_rate'))}</td>")
+            + f"<td>[{_fmt(ci[0], '.2f')}, {_fmt(ci[1], '.2f')}]</td>"
             f"<td>{_fmt(r.get('episodes'), 'd')}</td><td>{_fmt(r.get('mean_length'), '.2f')}</td>"
             f"<td>{_fmt(r.get('invalid_step_rate'), '.1%')}</td>"
             + "".join(f"<td>{_fmt(fk.get(k), 'd')}</td>" for k in kinds) + "</tr>")

@@ -58,3 +58,25 @@ def test_summary_counts_the_share_of_invalid_steps():
                                   "ran_out_of_steps": 1, "infrastructure": 1}
     assert list(s["failure_kinds"]) == list(FAILURE_KINDS)
     assert summarize([])["invalid_step_rate"] == 0.0
+
+
+def test_an_evaluation_with_too_few_tasks_judged_is_incomplete_and_says_which(capsys):
+    """Issue 29's lost phone: 1 judged task of 16 printed "100.0%". Every task is judged or
+    listed (with why); below ``min_judged_share`` the stage is incomplete and the table
+    prints that instead of a rate."""
+    from digirl_lite.train.cli import print_table
+
+    win = episode([TAP, STOP], Ending.SUCCESS)
+    lost = [episode([TAP] * k, Ending.INFRA) for k in range(15)]
+    s = summarize([win, *lost])
+    assert s["success_rate"] == 1.0 and s["judged_episodes"] == 1 and s["episodes"] == 16
+    assert not s["complete"] and s["judged_share"] == pytest.approx(1 / 16)
+    assert len(s["not_evaluated"]) == 15
+    assert {x["why"] for x in s["not_evaluated"]} == {"crash"}
+    print_table({"digirl": {"stages": {"online": s}}}, 16)
+    out = capsys.readouterr().out
+    assert "incomplete: 1/16 judged" in out and "100.0%" not in out
+    # 9 of 10 judged meets the default share (0.9); a stricter share does not
+    ten = [win] * 9 + lost[:1]
+    assert summarize(ten)["complete"] and not summarize(ten, min_judged_share=0.95)["complete"]
+    assert not summarize([])["complete"]

@@ -248,13 +248,23 @@ def test_infrastructure_truncations_stay_out_of_training_unless_asked():
         training_trajectories(trajs, infra="bootstrap")
 
 
-def test_a_device_that_keeps_failing_is_reset():
+@pytest.mark.parametrize("fleet_cls", [SyncFleet, AsyncFleet])
+def test_a_device_that_keeps_failing_is_reset_and_its_tasks_tried_again(fleet_cls):
+    """Every step crashes: each task is tried ``max_task_attempts`` times (issue 29), the
+    attempts that went back to the queue are counted, not returned, and the device is reset
+    after ``max_consecutive_faults`` faulted episodes in a row (it starts them, so it is
+    never quarantined)."""
     always = SimEnvFactory(tasks="webshop_test", faults={"crash": 1.0})
-    with AsyncFleet(always, 1, max_consecutive_faults=2) as fleet:
+    with fleet_cls(always, 1, max_consecutive_faults=2) as fleet:
         eps = fleet.collect(expert(), TASKS[:5], ScreenTable(), id_prefix="f")
+    assert [e.trajectory.traj_id for e in eps] == [f"f-{k:05d}" for k in range(5)]
     assert all(e.trajectory.ending is Ending.INFRA for e in eps)
-    assert fleet.stats.device_resets == 2
-    assert fleet.stats.infra_truncations == {"device": 5, "worker": 0}
+    s = fleet.stats
+    assert s.infra_truncations == {"device": 15, "worker": 0}
+    assert (s.episodes, s.requeued, s.device_resets, s.quarantined) == (5, 10, 7, 0)
+    with fleet_cls(always, 1, max_consecutive_faults=2, max_task_attempts=1) as fleet:
+        fleet.collect(expert(), TASKS[:5], ScreenTable(), id_prefix="f")
+    assert (fleet.stats.episodes, fleet.stats.requeued, fleet.stats.device_resets) == (5, 0, 2)
 
 
 @pytest.mark.slow
@@ -266,7 +276,9 @@ def test_soak_async_with_faults_at_ten_percent_of_steps():
         eps = fleet.collect(expert(), tasks, ScreenTable(), id_prefix="soak", seed=11)
     counts = _check_soak(eps, n)
     s = fleet.stats
-    assert counts["infra"] == sum(s.infra_truncations.values()) > 0
+    # every faulted attempt either went back to the queue or is returned (its last)
+    assert counts["infra"] == sum(s.infra_truncations.values()) - s.requeued > 0
+    assert 0 < s.requeued <= 2 * n
     assert s.infra_truncations["worker"] > 0 and s.worker_restarts >= s.infra_truncations[
         "worker"]
     assert s.episodes == n
@@ -353,7 +365,8 @@ def test_ray_soak_dead_actors_are_replaced_and_never_failures(ray_cluster):
         eps = fleet.collect(expert(), tasks, ScreenTable(), id_prefix="rs", seed=3)
         counts = _check_soak(eps, n)
         s = fleet.stats
-        assert counts["infra"] == sum(s.infra_truncations.values()) > 0
+        assert counts["infra"] == sum(s.infra_truncations.values()) - s.requeued > 0
+        assert s.requeued > 0
         assert s.infra_truncations["worker"] > 0 and s.worker_restarts > 0
         pids = ray_cluster.get([a.pid.remote() for a in fleet.actors])
         assert len(set(pids)) == 4  # every actor answers again

@@ -215,13 +215,17 @@ def test_unjudged_steps_stop_the_run_with_the_reason_and_keep_the_data(tmp_path)
             t.build_pile()
         msg = str(e.value)
         assert "6 steps in a row were unjudged" in msg and "no 'Status: success|failure'" in msg
-        assert "stored in" in msg
+        assert "fix the judge and resume" in msg
         rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text()
                 .splitlines()]
         stop = [r for r in rows if r.get("stage") == "stopped"]
         assert stop and stop[0]["during"] == "pile" and stop[0]["unjudged_in_a_row"] == 6
+        assert ("kept in" in msg) == (stop[0]["kept_trajectories"] > 0)
+        # kept aside, never in the run's store: a resume would take a part of the pile for
+        # all of it (issue 29)
+        assert not (tmp_path / "run" / "store").exists()
         if stop[0]["kept_trajectories"]:
-            trajs, _ = load_trajectories(tmp_path / "run" / "store")
+            trajs, _ = load_trajectories(tmp_path / "run" / "stopped" / "pile-1")
             assert len(trajs) == stop[0]["kept_trajectories"]
         t.close()
     finally:

@@ -25,6 +25,7 @@ from digirl_lite.rollout.episode import RECORD_SIZE
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from judge_servers import OpenAIServer, openai_reply  # noqa: E402
+from phone_agents import Tapper  # noqa: E402
 from tiny_models import tiny_autoui_dir, tiny_blip2_dir, tiny_roberta_dir  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -149,20 +150,6 @@ def test_trainer_on_served_phones_resumes_after_kill(tmp_path, phones, judge_ser
     assert screens.features([online[0].steps[0].screen_id]).shape == (1, 32)
 
 
-class _Tapper:
-    """Taps the middle of the screen twice, then says the task is done."""
-
-    def __init__(self, slot: int) -> None:
-        del slot
-
-    def act(self, obs) -> str:
-        from digirl_lite.actions import Action, ActionType, format_action
-
-        if obs.step >= 2:
-            return format_action(Action.key(ActionType.STATUS_TASK_COMPLETE))
-        return format_action(Action.tap(x=0.5, y=0.5))
-
-
 @pytest.mark.parametrize("fleet", ["sync", "process", "async",
                                    pytest.param("ray", marks=pytest.mark.ray)])
 def test_every_fleet_drives_android_devices(fleet, phones):
@@ -179,7 +166,7 @@ def test_every_fleet_drives_android_devices(fleet, phones):
     tasks = ["Go to bestbuy.com", "Go to ebay.com", "Go to costco.com", "Go to walmart.com"]
     screens = ScreenTable()
     with make_fleet(fleet, make, 2, **opts) as f:
-        episodes = f.collect(ScriptedBatchAgent(_Tapper), tasks, screens, id_prefix=fleet,
+        episodes = f.collect(ScriptedBatchAgent(Tapper), tasks, screens, id_prefix=fleet,
                              seed=5)
     assert [e.trajectory.task for e in episodes] == tasks
     for e in episodes:

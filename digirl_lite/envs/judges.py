@@ -23,7 +23,7 @@ from typing import Any
 
 from digirl_lite.errors import ConfigError
 
-__all__ = ["make_judge", "check_judge", "JUDGES"]
+__all__ = ["make_judge", "check_judge", "probe_judge", "JUDGES"]
 
 JUDGES = ("oracle", "noisy_oracle", "env", "paper")
 _EXTRA = {"gemini": "google.genai", "openai": "openai"}
@@ -81,6 +81,39 @@ def check_judge(config: dict[str, Any] | None, env: str = "sim",
         d = Path(examples).expanduser()
         if not ((d / "labels.jsonl").is_file() or (d / "labels.csv").is_file()):
             raise ConfigError(f"judge.examples: {d} has no labels.jsonl or labels.csv")
+
+
+def probe_judge(config: dict[str, Any] | None, timeout_s: float = 10.0) -> None:
+    """One real request to a VLM judge (``"paper"``) before any collection (issue 29): the
+    first shipped example screen and its task, zero-shot, with a ``timeout_s`` limit and no
+    retry. A refused connection, an error status or a reply without a readable status is a
+    :class:`~digirl_lite.errors.ConfigError` naming the endpoint and the answer, so a judge
+    that is down stops the run in seconds instead of after minutes of backoff. The other
+    judges need nothing probed."""
+    from digirl_lite.judge.backends import BackendError
+    from digirl_lite.judge.guards import shrink
+    from digirl_lite.judge.paper import FewShotSet, build_prompt_parts, parse_status
+    from digirl_lite.paths import data_dir
+
+    cfg = dict(config or {"judge": "oracle"})
+    if cfg.get("judge", "oracle") != "paper":
+        return
+    b = dict(cfg.get("backend") or {})
+    b["timeout_s"] = min(float(b.get("timeout_s", timeout_s)), timeout_s)
+    judge = make_judge({**cfg, "backend": b})
+    backend = judge.backend
+    where = backend.base_url or f"the {b.get('backend', 'gemini')} API"
+    example = FewShotSet.load(data_dir() / "judge_examples" / "webshop").examples[0]
+    parts = build_prompt_parts(example.task, shrink(example.image(), judge.judge_width), None)
+    try:
+        reply = backend.generate(parts)
+    except BackendError as e:
+        raise ConfigError(f"judge.backend: the judge at {where} failed its probe request (one "
+                          f"shipped example screen, before any collection): {e}"[:800]) from None
+    if parse_status(reply.text) is None:
+        raise ConfigError(f"judge.backend: the judge at {where} answered its probe request "
+                          "without a 'Status: success|failure' line: "
+                          f"{(reply.text or '')[:300]!r}")
 
 
 def make_judge(config: dict[str, Any] | None = None):

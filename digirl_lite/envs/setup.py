@@ -167,6 +167,10 @@ class EndpointEnvFactory:
         self.lifecycle = lifecycle
         """AndroidEnv's setup, teardown, hard_reset_every and hard_reset (commands)."""
 
+    def endpoint(self, slot: int) -> str | None:
+        """Device ``slot``'s URL (what fleets name it by in their logs)."""
+        return self.devices[slot].get("server_url")
+
     def __call__(self, slot: int = 0):
         from digirl_lite.envs.android.device import AndroidConfig
         from digirl_lite.envs.android.env import AndroidEnv

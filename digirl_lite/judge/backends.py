@@ -211,7 +211,8 @@ class OpenAIBackend:
                 model=self.model, messages=[{"role": "user", "content": content}],
                 temperature=self.temperature, max_tokens=self.max_tokens)
         except openai.APIStatusError as e:
-            raise BackendError(f"OpenAI-compatible API error {e.status_code}"[:300],
+            said = _scrub(str(getattr(e, "message", "") or ""), self.api_key_env)
+            raise BackendError(f"OpenAI-compatible API error {e.status_code}: {said}"[:300],
                                retryable=e.status_code in RETRYABLE_STATUS,
                                status=e.status_code) from None
         except (openai.APITimeoutError, openai.APIConnectionError) as e:

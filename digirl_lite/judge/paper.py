@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import csv
 import json
+import logging
 import random
 import re
 import time
@@ -36,6 +37,7 @@ __all__ = ["STATUS_RE", "parse_status", "FewShotExample", "FewShotSet", "PaperJu
            "build_prompt_parts", "expected_q"]
 
 STATUS_RE = re.compile(r"Status:\s*(\w+)")
+log = logging.getLogger("digirl_lite.judge")
 
 INTRO = ("You're an expert in evaluating whether the Screenshot successfully completes the "
          "Task.")
@@ -228,7 +230,10 @@ class PaperJudge:
         delay = self.backoff_s
         for attempt in range(self.max_attempts):
             if attempt:
-                self.sleep(min(delay, self.backoff_max_s) * self._rng.uniform(0.75, 1.25))
+                wait = min(delay, self.backoff_max_s) * self._rng.uniform(0.75, 1.25)
+                log.warning("judge (%s): %s; try %d of %d in %.1f s", self.backend,
+                            last_problem[:200], attempt + 1, self.max_attempts, wait)
+                self.sleep(wait)
                 delay *= 2
             calls += 1
             try:

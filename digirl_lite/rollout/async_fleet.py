@@ -44,10 +44,13 @@ from digirl_lite.rollout.fleet import (
     BatchAgent,
     Episode,
     JudgeUnavailable,
+    NoDevicesLeft,
     _DeviceFleet,
     _FaultKeeper,
     _Recording,
+    _TaskQueue,
     begin_episode,
+    device_name,
     log,
     make_devices,
     record_result,
@@ -76,19 +79,30 @@ class AsyncFleet(_DeviceFleet):
         max_consecutive_faults: infrastructure truncations in a row before a device is reset.
         max_unjudged_steps: stop collecting (:class:`~.fleet.JudgeUnavailable`, with the
             finished episodes) after this many unjudged steps in a row (0: never).
+        max_unjudged_s, max_task_attempts, quarantine_after, quarantine_probe_s: as
+            :class:`~.fleet.SyncFleet`
+            (a task a fault ended goes back to the queue; a device whose starts fail
+            ``quarantine_after`` times in a row leaves the fleet and its worker probes it
+            every ``quarantine_probe_s``; no device left: :class:`~.fleet.NoDevicesLeft`).
     """
 
     def __init__(self, make_env: Callable[[int], Any], n_envs: int = 16, *,
                  backend: str = "local", min_batch: int = 1, batch_wait_s: float = 0.0,
                  record_size: tuple[int, int] | None = RECORD_SIZE, timeout_s: float = 120.0,
                  max_consecutive_faults: int = 3, max_unjudged_steps: int = 0,
-                 devices: list[Any] | None = None) -> None:
-        if n_envs < 1 or min_batch < 1 or batch_wait_s < 0:
-            raise ValueError("n_envs and min_batch must be >= 1, batch_wait_s >= 0")
+                 devices: list[Any] | None = None, max_task_attempts: int = 3,
+                 quarantine_after: int = 3, quarantine_probe_s: float = 30.0,
+                 max_unjudged_s: float = 0.0) -> None:
+        if n_envs < 1 or min_batch < 1 or batch_wait_s < 0 or max_task_attempts < 1:
+            raise ValueError("n_envs, min_batch and max_task_attempts must be >= 1, "
+                             "batch_wait_s >= 0")
         self.n_envs, self.make_env = n_envs, make_env
         self.min_batch, self.batch_wait_s = min_batch, batch_wait_s
+        self.max_task_attempts = max_task_attempts
         self.policy_version = 0
-        self._faults = _FaultKeeper(max_consecutive_faults, max_unjudged_steps)
+        self._faults = _FaultKeeper(max_consecutive_faults, max_unjudged_steps,
+                                    quarantine_after, quarantine_probe_s, max_unjudged_s)
+        self._quarantined: set[int] = set()
         self.devices = devices if devices is not None else make_devices(
             make_env, n_envs, backend, record_size, timeout_s)
         self._policy_lock = threading.Lock()
@@ -149,8 +163,16 @@ class AsyncFleet(_DeviceFleet):
         self._rec = _Recording(screens, id_prefix=id_prefix, source=source,
                                iteration=iteration, seed=seed, record_size=record_size,
                                on_step=on_step, reset_options=reset_options)
-        self._tasks = enumerate(tasks)
-        self._task_lock = threading.Lock()
+        self._faults.collecting()
+        self._queue = _TaskQueue(tasks, self.max_task_attempts,
+                                 live={d.slot for d in self.devices} - self._quarantined)
+        # with no device live, every quarantined one is probed at once (not after its
+        # interval), and the collection gives up only when each such probe has failed
+        self._probe_now = threading.Event()
+        self._probed_while_empty: set[int] = set()
+        if not self._queue.live:
+            self._probe_now.set()
+        self._running: dict[int, tuple[int, Any]] = {}  # slot -> (k, task) of its episode
         self._events: queue.Queue = queue.Queue()
         self._boxes = [queue.Queue() for _ in self.devices]
         self._completed: deque[tuple[int, Episode]] = deque()
@@ -214,6 +236,7 @@ class AsyncFleet(_DeviceFleet):
         if self._loop is None:
             return []
         self._stopping.set()
+        self._queue.close()
         for box in self._boxes:
             box.put(_STOP)
         self._loop.join()
@@ -241,26 +264,45 @@ class AsyncFleet(_DeviceFleet):
         self._close_devices()
 
     # -- workers: one thread per device; every call to a device happens here -----------
-    def _next_task(self) -> tuple[int, Any] | None:
-        with self._task_lock:
-            if self._stopping.is_set():
-                return None
-            return next(self._tasks, None)
+    def _wait_probe(self) -> bool:
+        """A quarantined device's worker waits ``quarantine_probe_s`` before probing it (no
+        wait while no device is live); False when collection stops or every task is settled
+        meanwhile."""
+        due = time.monotonic() + self._faults.quarantine_probe_s
+        while time.monotonic() < due and not self._probe_now.is_set():
+            if self._stopping.is_set() or self._queue.finished:
+                return False
+            time.sleep(min(0.2, max(0.0, due - time.monotonic())))
+        return not (self._stopping.is_set() or self._queue.finished)
 
     def _work(self, device: Any) -> None:
         box = self._boxes[device.slot]
-        while (item := self._next_task()) is not None:
+        probe = device.slot in self._quarantined
+        while not (probe and not self._wait_probe()):
+            item = self._queue.next_for(device.slot, wait=True)
+            if item is None:
+                break
             k, task = item
-            outcome = reset_device(device, self._faults, task, self._rec.seed + k,
-                                   self._rec.reset_options)
-            self._events.put(("reset", device.slot, (k, task, outcome)))
+            if probe:  # a quarantined device: a fresh start, one reset, no second try
+                restart_device(device, self._faults, "")
+                opts = self._rec.reset_options
+                try:
+                    outcome = device.reset(*((task, self._rec.seed + k, opts) if opts
+                                             else (task, self._rec.seed + k)))
+                except DeviceError as e:
+                    outcome = e
+            else:
+                outcome = reset_device(device, self._faults, task, self._rec.seed + k,
+                                       self._rec.reset_options)
+            self._events.put(("reset", device.slot, (k, task, outcome, probe)))
             while True:
                 msg = box.get()
                 if msg is _STOP:
                     return
                 if msg[0] == "over":
-                    if msg[1] is not None:  # a device error or a run of faults
-                        restart_device(device, self._faults, msg[1])
+                    _, restart, probe = msg
+                    if restart is not None:  # a device error or a run of faults
+                        restart_device(device, self._faults, restart)
                     break
                 if msg[0] == "act":
                     _, text, version, policy_s = msg
@@ -276,13 +318,52 @@ class AsyncFleet(_DeviceFleet):
                 self._events.put(("step", device.slot, (text, version, policy_s, result)))
         self._events.put(("idle", device.slot, None))
 
+    def _settle(self, slot: int, k: int, task: Any, episode: Episode,
+                probe: bool = False) -> bool:
+        """A finished episode: back to the queue (True) or completed."""
+        infra = episode.trajectory.is_infra_truncated
+        if self._queue.settle(k, task, slot, infra, probe):
+            self._faults.requeued(slot, k, episode.trajectory.truncation_reason or "")
+            return True
+        self._complete(k, episode)
+        return False
+
+    def _started(self, slot: int, k: int, task: Any, outcome: Any, probe: bool) -> bool:
+        """A reset's outcome, in the loop; True when the device is (still) quarantined."""
+        dev = self.devices[slot]
+        failed = begin_episode(slot, self._rec, self._faults, k, task, outcome)
+        if failed is None:
+            self._running[slot] = (k, task)
+            if probe:
+                self._quarantined.discard(slot)
+                self._queue.set_live(slot, True)
+                self._probe_now.clear()
+                self._probed_while_empty.clear()
+                self._faults.device_event(dev, "returned")
+            return False
+        self._settle(slot, k, task, failed, probe)
+        if probe:
+            if self._probe_now.is_set():
+                self._probed_while_empty.add(slot)
+            return True
+        if not outcome.task_fault and self._faults.start_failed(slot, str(outcome)):
+            self._quarantined.add(slot)
+            self._queue.set_live(slot, False)
+            self._faults.device_event(dev, "quarantined", str(outcome))
+            if not self._queue.live:  # the last one: probe every quarantined device now
+                self._probed_while_empty.clear()
+                self._probe_now.set()
+            return True
+        return False
+
     # -- the loop: recording and batched inference (never calls a device) ---------------
     def _run(self) -> None:
         try:
             self._loop_body()
-        except BaseException as e:  # an agent bug: surfaces in take()/collect()
-            self._error = e
+        except BaseException as e:  # an agent bug, a judge or the devices gone: surfaces
+            self._error = e         # in take()/collect()
             self._stopping.set()
+            self._queue.close()  # the workers waiting for a task take none
             for box in self._boxes:
                 box.put(_STOP)
         finally:
@@ -308,9 +389,13 @@ class AsyncFleet(_DeviceFleet):
                     idle += 1
                     continue
                 if kind == "reset":
-                    k, task, outcome = payload
-                    failed = begin_episode(slot, self._rec, self._faults, k, task, outcome)
-                    out = None if failed is None else (k, failed, None)
+                    k, task, outcome, probe = payload
+                    if isinstance(outcome, DeviceError):
+                        down = self._started(slot, k, task, outcome, probe)
+                        self._boxes[slot].put(("over", None, down))
+                        continue
+                    self._started(slot, k, task, outcome, probe)
+                    out = None
                 else:
                     text, version, policy_s, result = payload
                     out = record_result(slot, self._rec, self._faults, text, result,
@@ -320,11 +405,17 @@ class AsyncFleet(_DeviceFleet):
                 elif out is None:
                     ready[slot] = time.monotonic()
                 else:
-                    self._complete(out[0], out[1])
-                    self._boxes[slot].put(("over", out[2]))
+                    self._settle(slot, out[0], self._running.pop(slot)[1], out[1])
+                    self._boxes[slot].put(("over", out[2], False))
+            if not self._queue.live and not self._rec.active and self._queue.pending \
+                    and self._probed_while_empty >= self._quarantined:
+                raise NoDevicesLeft("; ".join(
+                    f"{device_name(self.devices[s])}: {self._faults.last_fault.get(s, '')}"
+                    [:200] for s in sorted(self._quarantined)))
             if not ready:
                 continue
-            busy = len(self.devices) - idle - len(ready)  # resetting or stepping
+            # resetting or stepping (a quarantined device waits for its probe)
+            busy = len(self.devices) - idle - len(ready) - len(self._quarantined)
             if len(ready) < self.min_batch and busy > 0 \
                     and time.monotonic() - min(ready.values()) < self.batch_wait_s:
                 continue
@@ -354,7 +445,7 @@ class AsyncFleet(_DeviceFleet):
             return out
 
     def _raise_if_failed(self) -> None:
-        if isinstance(self._error, JudgeUnavailable):
+        if isinstance(self._error, (JudgeUnavailable, NoDevicesLeft)):
             self._error.episodes = [e for _, e in sorted(self._take_all(), key=lambda x: x[0])]
             raise self._error
         if self._error is not None:

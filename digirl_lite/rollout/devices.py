@@ -22,11 +22,27 @@ from PIL import Image
 from digirl_lite.envs.base import Observation
 from digirl_lite.rollout.episode import RECORD_SIZE
 
-__all__ = ["Device", "DeviceError", "LocalDevice", "ProcessDevice", "reset_env", "shrink_obs"]
+__all__ = ["Device", "DeviceError", "LocalDevice", "ProcessDevice", "is_task_fault",
+           "reset_env", "shrink_obs"]
 
 
 class DeviceError(RuntimeError):
-    """The device, its worker or its environment failed (not the agent's doing)."""
+    """The device, its worker or its environment failed (not the agent's doing).
+
+    ``task_fault``: the device answered, but the task's setup phase failed
+    (:class:`~digirl_lite.envs.lifecycle.PhaseFailed`): the task goes back to the queue, and
+    the device does not count it toward its quarantine (issue 29)."""
+
+    def __init__(self, message: str, task_fault: bool = False) -> None:
+        super().__init__(message)
+        self.task_fault = task_fault
+
+
+def is_task_fault(e: BaseException) -> bool:
+    """Whether ``e`` (or the error it carries from a Ray actor) is a failed setup phase."""
+    from digirl_lite.envs.lifecycle import PhaseFailed
+
+    return isinstance(e, PhaseFailed) or isinstance(getattr(e, "cause", None), PhaseFailed)
 
 
 class Device(Protocol):
@@ -76,7 +92,8 @@ class LocalDevice:
         try:
             obs, _ = reset_env(self.env, task, seed, options)
         except Exception as e:
-            raise DeviceError(f"environment {self.slot} raised on reset: {_describe(e)}") from e
+            raise DeviceError(f"environment {self.slot} raised on reset: {_describe(e)}",
+                              task_fault=is_task_fault(e)) from e
         return obs, self.env.horizon
 
     def step(self, action_text):
@@ -116,7 +133,8 @@ def _worker(conn, make_env, slot: int, size) -> None:  # pragma: no cover - runs
                 conn.send(("ok", None))
                 break
         except Exception as e:
-            conn.send(("error", f"{_describe(e)}\n{traceback.format_exc(limit=3)}"))
+            conn.send(("error", (f"{_describe(e)}\n{traceback.format_exc(limit=3)}",
+                                 is_task_fault(e))))
 
 
 class ProcessDevice:
@@ -161,7 +179,8 @@ class ProcessDevice:
         except (EOFError, OSError) as e:
             raise DeviceError(f"worker {self.slot} is gone ({type(e).__name__})") from e
         if status != "ok":
-            raise DeviceError(f"worker {self.slot} failed: {payload}"[:500])
+            text, task_fault = payload
+            raise DeviceError(f"worker {self.slot} failed: {text}"[:500], task_fault=task_fault)
         return payload
 
     def reset(self, task, seed, options=None):

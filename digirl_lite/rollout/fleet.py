@@ -33,7 +33,7 @@ from digirl_lite.rollout.devices import DeviceError, LocalDevice, ProcessDevice
 from digirl_lite.rollout.episode import RECORD_SIZE, EpisodeRecorder
 
 __all__ = ["BatchAgent", "ScriptedBatchAgent", "Episode", "FleetStats", "SyncFleet",
-           "LocalFleet", "ProcessFleet", "JudgeUnavailable"]
+           "LocalFleet", "ProcessFleet", "JudgeUnavailable", "NoDevicesLeft", "device_name"]
 
 log = logging.getLogger("digirl_lite.rollout")
 
@@ -73,11 +73,13 @@ class FleetStats:
     """What a fleet has collected and survived since it was built.
 
     Attributes:
-        episodes: finished episodes returned (infrastructure truncations included).
+        episodes: finished episodes returned (infrastructure truncations included; an
+            attempt whose task went back to the queue counts in ``requeued`` instead).
         steps: environment steps recorded.
         infra_truncations: episodes ended by the infrastructure, by cause: ``"device"``
             (the environment reported it: crash, blank screens) or ``"worker"`` (a device
-            error: dead or hung worker, an environment that raised).
+            error: dead or hung worker, an environment that raised); attempts whose task
+            went back to the queue (``requeued``) included, as are their ``steps``.
         device_resets: resets of a device after ``max_consecutive_faults`` faults in a row.
         worker_restarts: restarts after a device error (worker process, Ray actor or
             environment, whichever failed).
@@ -86,6 +88,15 @@ class FleetStats:
         discarded_out_of_order: completed episodes an asynchronous collection in task
             order dropped at its stop because an episode that started before them was
             still running (keeping them would favour short episodes).
+        requeued: episodes an infrastructure fault ended (never started, or cut short)
+            whose task went back to the queue for another device (issue 29); they are not
+            returned, the task's next attempt is.
+        quarantined: devices taken out of the fleet after ``quarantine_after`` failed
+            starts in a row; returned: quarantined devices that answered a probe and came
+            back.
+        device_events: what happened to which device and when: ``{"t": unix time,
+            "slot", "device": its name (a URL where it has one), "event": "quarantined" |
+            "returned", "reason"}``.
     """
 
     episodes: int = 0
@@ -96,25 +107,150 @@ class FleetStats:
     worker_restarts: int = 0
     discarded_unfinished: int = 0
     discarded_out_of_order: int = 0
+    requeued: int = 0
+    quarantined: int = 0
+    returned: int = 0
+    device_events: list[dict[str, Any]] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         return {"episodes": self.episodes, "steps": self.steps,
                 "infra_truncations": dict(self.infra_truncations),
                 "device_resets": self.device_resets, "worker_restarts": self.worker_restarts,
                 "discarded_unfinished": self.discarded_unfinished,
-                "discarded_out_of_order": self.discarded_out_of_order}
+                "discarded_out_of_order": self.discarded_out_of_order,
+                "requeued": self.requeued, "quarantined": self.quarantined,
+                "returned": self.returned, "device_events": list(self.device_events)}
 
 
 class JudgeUnavailable(RuntimeError):
-    """``max_unjudged_steps`` steps in a row came back unjudged: the judge cannot answer
+    """``max_unjudged_steps`` steps in a row came back unjudged, or none was judged for
+    ``max_unjudged_s`` seconds (:attr:`seconds`): the judge cannot answer
     (a revoked key, an API that is down). Collection stops; :attr:`episodes` holds the
     episodes that had finished (in task order), so nothing collected is lost, and
     :attr:`reason` the last step's reason."""
 
-    def __init__(self, n: int, reason: str) -> None:
-        super().__init__(f"{n} steps in a row were unjudged; the last one: {reason}")
-        self.n, self.reason = n, reason
+    def __init__(self, n: int, reason: str, seconds: float | None = None) -> None:
+        quiet = f" (no verdict for {seconds:.0f} s)" if seconds is not None else ""
+        super().__init__(f"{n} steps in a row were unjudged{quiet}; the last one: {reason}")
+        self.n, self.reason, self.seconds = n, reason, seconds
         self.episodes: list[Episode] = []
+
+
+class NoDevicesLeft(RuntimeError):
+    """Every device of the fleet is quarantined (:class:`FleetStats`) while tasks are left:
+    collection stops. :attr:`episodes` holds the episodes that had finished (in task
+    order), so nothing collected is lost; :attr:`reason` names the devices and their last
+    faults. Resuming the run when devices are back goes on from its last checkpoint."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(f"no device left: {reason}")
+        self.reason = reason
+        self.episodes: list[Episode] = []
+
+
+class _TaskQueue:
+    """The tasks of one collection, and the attempts of those a fault sent back.
+
+    A task whose episode an infrastructure fault ended (it never started, or was cut short)
+    goes back, with the same number ``k`` (so the same trajectory id and environment seed),
+    for another device, up to ``max_attempts`` attempts in all: a device does not take back
+    a task that just failed on it while another live device could. ``tasks`` may be endless.
+    Thread-safe; :meth:`next_for` can wait for a task (the asynchronous fleet's workers).
+    """
+
+    def __init__(self, tasks: Any, max_attempts: int, live: set[int] | None = None) -> None:
+        self._tasks = enumerate(tasks)
+        self.max_attempts = max_attempts
+        self._ahead = next(self._tasks, None)  # read one ahead: ``pending`` is always known
+        self._retries: list[tuple[int, Any, int]] = []  # (k, task, slot it failed on)
+        self._attempts: dict[int, int] = {}
+        self._out = 0  # handed out, not yet settled
+        self.live: set[int] = set(live or ())  # slots not quarantined (change: set_live)
+        self._cond = threading.Condition()
+        self.closed = False  # stop handing out (the asynchronous fleet's stop)
+
+    @property
+    def _exhausted(self) -> bool:
+        return self._ahead is None
+
+    def _pick(self, slot: int) -> tuple[int, Any] | None:
+        for i, (k, task, failed_on) in enumerate(self._retries):
+            if failed_on != slot:
+                del self._retries[i]
+                return k, task
+        if self._ahead is not None:
+            item, self._ahead = self._ahead, next(self._tasks, None)
+            return item
+        if self._retries and self.live <= {slot}:  # no other live device could take it
+            k, task, _ = self._retries.pop(0)
+            return k, task
+        return None
+
+    def set_live(self, slot: int, live: bool) -> None:
+        """A device left the fleet (quarantine) or came back."""
+        with self._cond:
+            (self.live.add if live else self.live.discard)(slot)
+            self._cond.notify_all()
+
+    def close(self) -> None:
+        """Hand out nothing more (a stop); wakes the workers that wait for a task."""
+        with self._cond:
+            self.closed = True
+            self._cond.notify_all()
+
+    def next_for(self, slot: int, wait: bool = False) -> tuple[int, Any] | None:
+        """The next task for ``slot``: a retry that did not fail on it, else a new one;
+        None when there is none for it (``wait``: block until one comes back or every
+        task is settled)."""
+        with self._cond:
+            while not self.closed:
+                item = self._pick(slot)
+                if item is not None:
+                    self._out += 1
+                    self._attempts[item[0]] = self._attempts.get(item[0], 0) + 1
+                    return item
+                if not wait or self.finished:
+                    return None
+                self._cond.wait(0.5)
+            return None
+
+    def settle(self, k: int, task: Any, slot: int, infra: bool, probe: bool = False) -> bool:
+        """Task ``k`` came back from ``slot``; True when it goes back to the queue (an
+        infrastructure fault and attempts left; a failed ``probe`` of a quarantined device
+        does not use up an attempt), False when this episode is its last."""
+        with self._cond:
+            self._out -= 1
+            if probe and infra:
+                self._attempts[k] -= 1
+            again = infra and self._attempts[k] < self.max_attempts
+            if again:
+                self._retries.append((k, task, slot))
+            self._cond.notify_all()
+            return again
+
+    @property
+    def pending(self) -> bool:
+        """Tasks that wait for a device (retries, or new ones not yet handed out)."""
+        return bool(self._retries) or not self._exhausted
+
+    @property
+    def finished(self) -> bool:
+        """Every task handed out and settled, none waiting."""
+        return self._exhausted and not self._retries and self._out == 0
+
+
+def device_name(device: Any) -> str:
+    """How a device is named in logs: the URL of its phone where it has one (its
+    environment's, or what its ``make_env`` says with ``endpoint(slot)``)."""
+    endpoint = getattr(getattr(device, "make_env", None), "endpoint", None)
+    if callable(endpoint) and isinstance(url := endpoint(device.slot), str):
+        return f"device {device.slot} ({url})"
+    env = getattr(device, "env", None)
+    for obj in (device, env, getattr(env, "config", None)):
+        for attr in ("endpoint", "server_url"):
+            if isinstance(getattr(obj, attr, None), str):
+                return f"device {device.slot} ({getattr(obj, attr)})"
+    return f"device {device.slot}"
 
 
 def task_text(task: Any) -> str:
@@ -183,15 +319,56 @@ class _FaultKeeper:
     performs the restart (on the device's own thread where it has one).
     """
 
-    def __init__(self, max_consecutive_faults: int, max_unjudged_steps: int = 0) -> None:
-        if max_consecutive_faults < 1 or max_unjudged_steps < 0:
-            raise ValueError("max_consecutive_faults must be >= 1, max_unjudged_steps >= 0")
+    def __init__(self, max_consecutive_faults: int, max_unjudged_steps: int = 0,
+                 quarantine_after: int = 3, quarantine_probe_s: float = 30.0,
+                 max_unjudged_s: float = 0.0) -> None:
+        if max_consecutive_faults < 1 or max_unjudged_steps < 0 or max_unjudged_s < 0:
+            raise ValueError("max_consecutive_faults must be >= 1, max_unjudged_steps and "
+                             "max_unjudged_s >= 0")
+        self.max_unjudged_s = max_unjudged_s
+        self.last_verdict = time.monotonic()  # the clock of max_unjudged_s (see judged)
+        if quarantine_after < 0 or quarantine_probe_s < 0:
+            raise ValueError("quarantine_after and quarantine_probe_s must be >= 0")
         self.max_consecutive_faults = max_consecutive_faults
         self.max_unjudged_steps = max_unjudged_steps
+        self.quarantine_after, self.quarantine_probe_s = quarantine_after, quarantine_probe_s
         self.unjudged_in_a_row = 0
         self.stats = FleetStats()
         self._in_a_row: dict[int, int] = {}
+        self._failed_starts: dict[int, int] = {}
+        self.last_fault: dict[int, str] = {}
         self._lock = threading.Lock()
+
+    def start_failed(self, slot: int, reason: str) -> bool:
+        """A device could not start an episode (its reset failed, after a restart); True
+        when that has now happened ``quarantine_after`` times in a row (0: never)."""
+        with self._lock:
+            n = self._failed_starts[slot] = self._failed_starts.get(slot, 0) + 1
+            self.last_fault[slot] = reason
+            return bool(self.quarantine_after) and n >= self.quarantine_after
+
+    def started(self, slot: int) -> None:
+        with self._lock:
+            self._failed_starts[slot] = 0
+
+    def device_event(self, device: Any, event: str, reason: str = "") -> None:
+        """Record (and log, one line) a device leaving the fleet or coming back."""
+        name = device_name(device)
+        with self._lock:
+            if event == "quarantined":
+                self.stats.quarantined += 1
+                self._failed_starts[device.slot] = 0
+            else:
+                self.stats.returned += 1
+            self.stats.device_events.append({"t": round(time.time(), 3), "slot": device.slot,
+                                             "device": name, "event": event,
+                                             "reason": reason[:300]})
+        if event == "quarantined":
+            log.warning("%s left the fleet after %d failed starts in a row (%s); probing it "
+                        "every %g s", name, self.quarantine_after, reason[:200],
+                        self.quarantine_probe_s)
+        else:
+            log.warning("%s answered again and rejoined the fleet", name)
 
     def judged(self, info: dict[str, Any]) -> None:
         """Count one step's verdict; raise :class:`JudgeUnavailable` at the limit."""
@@ -200,11 +377,30 @@ class _FaultKeeper:
             return
         if Verdict(verdict) is not Verdict.UNJUDGED:
             self.unjudged_in_a_row = 0
+            self.last_verdict = time.monotonic()
             return
+        now = time.monotonic()
+        if self.unjudged_in_a_row == 0:  # the clock starts when the judge began failing:
+            # this step's judging (its tries and backoff), not the wait before it
+            judge_s = float((info.get("timings") or {}).get("judge_s") or 0.0)
+            self.last_verdict = max(self.last_verdict, now - judge_s)
         self.unjudged_in_a_row += 1
+        reason = str(info.get("judge_skipped") or "no reason given")
         if self.max_unjudged_steps and self.unjudged_in_a_row >= self.max_unjudged_steps:
-            raise JudgeUnavailable(self.unjudged_in_a_row,
-                                   str(info.get("judge_skipped") or "no reason given"))
+            raise JudgeUnavailable(self.unjudged_in_a_row, reason)
+        quiet = now - self.last_verdict
+        if self.max_unjudged_s and quiet >= self.max_unjudged_s:
+            raise JudgeUnavailable(self.unjudged_in_a_row, reason, seconds=quiet)
+
+    def collecting(self) -> None:
+        """A collection starts: the clock of ``max_unjudged_s`` starts with it."""
+        self.last_verdict = time.monotonic()
+
+    def requeued(self, slot: int, k: int, reason: str) -> None:
+        with self._lock:
+            self.stats.episodes -= 1
+            self.stats.requeued += 1
+        log.info("device %d: task %d goes back to the queue (%s)", slot, k, reason[:200])
 
     def restarted(self, slot: int, reason: str, what: str) -> None:
         with self._lock:
@@ -250,11 +446,14 @@ def reset_device(device: Any, faults: _FaultKeeper, task: Any, seed: int,
                  ) -> tuple[Observation, int] | DeviceError:
     """Reset ``device`` (with the environment's reset ``options``, if any); after a device
     error, restart it and try once more. Returns (observation, horizon), or the second
-    error."""
+    error. A failed setup phase (:attr:`DeviceError.task_fault`: the device answered) is
+    returned at once, the device left as it is."""
     args = (task, seed, options) if options else (task, seed)
     try:
         return device.reset(*args)
     except DeviceError as e:
+        if e.task_fault:
+            return e
         restart_device(device, faults, f"reset failed ({e})")
     try:
         return device.reset(*args)
@@ -265,11 +464,14 @@ def reset_device(device: Any, faults: _FaultKeeper, task: Any, seed: int,
 def begin_episode(slot: int, recording: _Recording, faults: _FaultKeeper, k: int, task: Any,
                   outcome: tuple[Observation, int] | DeviceError) -> Episode | None:
     """Start recording episode ``k`` from a reset's outcome; None when it started, else the
-    infrastructure-truncated episode (no steps) that stands for it."""
+    infrastructure-truncated episode (no steps) that stands for it (counted with
+    :meth:`_FaultKeeper.start_failed` by the caller)."""
     if not isinstance(outcome, DeviceError):
+        faults.started(slot)
         recording.begin(slot, k, task, *outcome)
         return None
-    ep = recording.failed_reset(k, task, f"reset failed twice: {outcome}"[:500])
+    why = "the task's setup failed" if outcome.task_fault else "reset failed twice"
+    ep = recording.failed_reset(k, task, f"{why}: {outcome}"[:500])
     faults.finished(slot, ep, "worker")
     return ep
 
@@ -335,6 +537,16 @@ class SyncFleet(_DeviceFleet):
         max_consecutive_faults: infrastructure truncations in a row before a device is reset.
         max_unjudged_steps: stop collecting (:class:`JudgeUnavailable`) after this many
             unjudged steps in a row, across devices (0: never).
+        max_unjudged_s: stop the same way when no step was judged for this many seconds
+            (0: never), whichever comes first.
+        max_task_attempts: attempts of a task that infrastructure faults end (it never
+            started, or was cut short): each goes back to the queue, with the same id and
+            seed, for another device (issue 29; 1: none).
+        quarantine_after: a device whose starts fail this many times in a row leaves the
+            fleet (one log line naming it, :attr:`FleetStats.device_events`); 0: never.
+            With no device left, :class:`NoDevicesLeft`.
+        quarantine_probe_s: how often a quarantined device is probed (a restart, then a
+            start on the next task); it rejoins when it answers.
         parallel_steps: step the phones of a batch in threads (the batch then takes as long
             as its slowest phone, not the sum); off keeps everything on one thread.
 
@@ -344,12 +556,19 @@ class SyncFleet(_DeviceFleet):
     def __init__(self, make_env: Callable[[int], Any], n_envs: int = 16, *,
                  backend: str = "local", record_size: tuple[int, int] | None = RECORD_SIZE,
                  timeout_s: float = 120.0, max_consecutive_faults: int = 3,
-                 max_unjudged_steps: int = 0, parallel_steps: bool = True) -> None:
+                 max_unjudged_steps: int = 0, parallel_steps: bool = True,
+                 max_task_attempts: int = 3, quarantine_after: int = 3,
+                 quarantine_probe_s: float = 30.0, max_unjudged_s: float = 0.0) -> None:
         if n_envs < 1:
             raise ValueError(f"n_envs must be >= 1, got {n_envs}")
+        if max_task_attempts < 1:
+            raise ValueError(f"max_task_attempts must be >= 1, got {max_task_attempts}")
         self.n_envs, self.make_env = n_envs, make_env
         self.policy_version = 0
-        self._faults = _FaultKeeper(max_consecutive_faults, max_unjudged_steps)
+        self.max_task_attempts = max_task_attempts
+        self._faults = _FaultKeeper(max_consecutive_faults, max_unjudged_steps,
+                                    quarantine_after, quarantine_probe_s, max_unjudged_s)
+        self._quarantined: dict[int, float] = {}  # slot -> when to probe it next
         self.devices = make_devices(make_env, n_envs, backend, record_size, timeout_s)
         self._pool = ThreadPoolExecutor(n_envs, "sync-fleet") if (
             parallel_steps and n_envs > 1) else None
@@ -376,31 +595,97 @@ class SyncFleet(_DeviceFleet):
         rec = _Recording(screens, id_prefix=id_prefix, source=source, iteration=iteration,
                          seed=seed, record_size=record_size, on_step=on_step,
                          reset_options=reset_options)
-        queue = list(enumerate(tasks))[::-1]
+        tasks = list(tasks)
+        self._faults.collecting()
+        queue = _TaskQueue(tasks, self.max_task_attempts,
+                           live={d.slot for d in self.devices} - set(self._quarantined))
         done: dict[int, Episode] = {}
+        running: dict[int, tuple[int, Any]] = {}  # slot -> (k, task) of its episode
 
-        def start(slot: int) -> None:
+        def settle(slot: int, k: int, task: Any, ep: Episode, probe: bool = False) -> None:
+            infra = ep.trajectory.is_infra_truncated
+            if queue.settle(k, task, slot, infra, probe):
+                self._faults.requeued(slot, k, ep.trajectory.truncation_reason or "")
+            else:
+                done[k] = ep
+
+        def start(slot: int, probe: bool = False) -> None:
             dev = self.devices[slot]
-            while queue:
-                k, task = queue.pop()
-                outcome = reset_device(dev, self._faults, task, seed + k, rec.reset_options)
+            while (item := queue.next_for(slot)) is not None:
+                k, task = item
+                if probe:  # a quarantined device: a fresh start, one reset, no second try
+                    restart_device(dev, self._faults, "")
+                    try:
+                        outcome = dev.reset(*((task, seed + k, rec.reset_options)
+                                              if rec.reset_options else (task, seed + k)))
+                    except DeviceError as e:
+                        outcome = e
+                else:
+                    outcome = reset_device(dev, self._faults, task, seed + k,
+                                           rec.reset_options)
                 failed = begin_episode(slot, rec, self._faults, k, task, outcome)
                 if failed is None:
+                    running[slot] = (k, task)
+                    if probe:
+                        self._rejoin(dev, queue)
                     return
-                done[k] = failed
+                settle(slot, k, task, failed, probe)
+                if probe:  # still down (its next probe time is set): probe it again later
+                    return
+                if not outcome.task_fault and self._faults.start_failed(slot, str(outcome)):
+                    self._quarantine(dev, queue, str(outcome))
+                    return
 
         try:
-            self._lockstep(agent, rec, start, done)
-        except JudgeUnavailable as e:
+            self._lockstep(agent, rec, start, settle, running, queue)
+        except (JudgeUnavailable, NoDevicesLeft) as e:
             e.episodes = [done[k] for k in sorted(done)]
             raise
         return [done[k] for k in range(len(tasks))]
 
-    def _lockstep(self, agent: BatchAgent, rec: _Recording, start: Callable[[int], None],
-                  done: dict[int, Episode]) -> None:
-        for slot in range(self.n_envs):
+    def _quarantine(self, dev: Any, queue: _TaskQueue, reason: str) -> None:
+        self._quarantined[dev.slot] = time.monotonic() + self._faults.quarantine_probe_s
+        queue.set_live(dev.slot, False)
+        self._faults.device_event(dev, "quarantined", reason)
+
+    def _rejoin(self, dev: Any, queue: _TaskQueue) -> None:
+        self._quarantined.pop(dev.slot, None)
+        queue.set_live(dev.slot, True)
+        self._faults.device_event(dev, "returned")
+
+    def _probe(self, start: Callable[..., None], running: dict, queue: _TaskQueue,
+               now: bool = False) -> None:
+        """Probe the quarantined devices whose time has come (``now``: all of them): a
+        restart, then one start on the next task; one that answers rejoins. A probe
+        happens only when there is a task for it, and sets the device's next probe time
+        first."""
+        for slot, due in sorted(self._quarantined.items()):
+            if not queue.pending:
+                return
+            if now or time.monotonic() >= due:
+                self._quarantined[slot] = time.monotonic() + self._faults.quarantine_probe_s
+                start(slot, probe=True)
+
+    def _lockstep(self, agent: BatchAgent, rec: _Recording, start: Callable[..., None],
+                  settle: Callable[..., None], running: dict[int, tuple[int, Any]],
+                  queue: _TaskQueue) -> None:
+        for slot in sorted(queue.live):
             start(slot)
-        while rec.active:
+        while True:
+            self._probe(start, running, queue)
+            if queue.pending:  # a task a fault sent back, for a device that has none
+                for slot in sorted(queue.live - set(running)):
+                    start(slot)
+            if not rec.active:
+                if not queue.pending:
+                    return
+                if not queue.live:
+                    self._probe(start, running, queue, now=True)
+                    if not rec.active:
+                        raise NoDevicesLeft("; ".join(
+                            f"{device_name(self.devices[s])}: {self._faults.last_fault.get(s, '')}"
+                            [:200] for s in sorted(self._quarantined)))
+                continue
             slots = sorted(rec.active)
             t0 = time.perf_counter()
             texts = agent.act_batch(slots, [rec.obs(s) for s in slots])
@@ -415,7 +700,7 @@ class SyncFleet(_DeviceFleet):
                 out = record_result(dev.slot, rec, self._faults, text, res, policy_s, version)
                 if out is not None:
                     k, ep, restart = out
-                    done[k] = ep
+                    settle(dev.slot, k, running.pop(dev.slot)[1], ep)
                     if restart is not None:
                         restart_device(dev, self._faults, restart)
                     start(dev.slot)

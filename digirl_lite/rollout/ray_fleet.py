@@ -25,7 +25,7 @@ from collections.abc import Callable
 from typing import Any
 
 from digirl_lite.rollout.async_fleet import AsyncFleet
-from digirl_lite.rollout.devices import DeviceError, reset_env, shrink_obs
+from digirl_lite.rollout.devices import DeviceError, is_task_fault, reset_env, shrink_obs
 from digirl_lite.rollout.episode import RECORD_SIZE
 from digirl_lite.rollout.fleet import log
 
@@ -164,7 +164,8 @@ class RayDevice:
                               f"{type(e).__name__}") from e
         except ray.exceptions.RayTaskError as e:  # the environment raised, in the actor
             raise DeviceError(f"device {self.slot} raised in its Ray actor: "
-                              f"{str(e).splitlines()[0]}"[:500]) from e
+                              f"{str(e).splitlines()[0]}"[:500],
+                              task_fault=is_task_fault(e)) from e
 
     def reset(self, task, seed, options=None):
         return self._call("reset", task, seed, options)

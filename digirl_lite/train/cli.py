@@ -196,6 +196,10 @@ def print_table(results: dict[str, dict[str, Any]], eval_tasks: int) -> None:
         for stage in ("copier", "offline", "online"):
             r = summary["stages"].get(stage)
             inv = r.get("invalid_step_rate", float("nan")) if r else float("nan")
+            if r is not None and not r.get("complete", True):  # too few tasks judged
+                what = f"incomplete: {r['judged_episodes']}/{r['episodes']} judged"
+                cells.append(f"{what:^22}")
+                continue
             cells.append(f"{'-':^22}" if r is None else
                          f"{100 * r['success_rate']:5.1f}% ({r['mean_length']:4.1f}; "
                          f"{100 * inv:4.1f}% inv)")

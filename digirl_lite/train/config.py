@@ -162,6 +162,29 @@ class DigiRLConfig:
     """Stop the run (with a checkpoint, nothing collected lost) after this many unjudged
     steps in a row: a judge that cannot answer (key revoked, API down) makes unusable data
     at full cost. 0: never stop."""
+    max_unjudged_s: float = 120.0
+    """Stop the run the same way when no step has been judged for this many seconds of a
+    collection, whichever of the two limits comes first (issue 29: a judge whose server
+    went down mid-run retries each step with backoff, about 30 s a step, so 50 steps in a
+    row took up to 25 minutes). 0: no time limit. A judge that is down at the start is
+    caught before any collection by its probe request (``probe_judge``)."""
+    max_task_attempts: int = 3
+    """Attempts a task gets when infrastructure faults end them (a device that never
+    started the episode, or cut it short): each such attempt sends the task back to the
+    queue, with the same trajectory id and seed, for another device (issue 29). 1: no
+    second attempt (the task's episode is then its infrastructure truncation)."""
+    quarantine_after: int = 3
+    """A device whose starts fail this many times in a row (its reset fails after a
+    restart) leaves the fleet, with one log line naming it; the fleet goes on with the
+    others, and when none is left the run stops (a checkpoint, the reason; ``--resume``
+    goes on). 0: never."""
+    quarantine_probe_s: float = 30.0
+    """How often a quarantined device is probed (a restart, then a start on the next task);
+    it rejoins the fleet when it answers (a restarted served phone, a rebooted emulator)."""
+    min_judged_share: float = 0.9
+    """An evaluation where fewer than this share of its tasks were judged (the others cut by
+    faults after ``max_task_attempts``, or unjudged) is reported as incomplete: the tables
+    print "incomplete" instead of its rate (issue 29)."""
     task_file: str | None = None
     """Train task list (one instruction per line); None: the shipped list of ``world``."""
     test_task_file: str | None = None
@@ -612,6 +635,14 @@ class DigiRLConfig:
                 raise ValueError(f"{f} must be positive")
         if self.max_unjudged_steps < 0:
             raise ValueError("max_unjudged_steps must be >= 0 (0: never stop)")
+        if self.max_unjudged_s < 0:
+            raise ValueError("max_unjudged_s must be >= 0 (0: no time limit)")
+        if self.max_task_attempts < 1:
+            raise ValueError(f"max_task_attempts must be >= 1, got {self.max_task_attempts}")
+        if self.quarantine_after < 0 or self.quarantine_probe_s < 0:
+            raise ValueError("quarantine_after and quarantine_probe_s must be >= 0")
+        if not 0.0 <= self.min_judged_share <= 1.0:
+            raise ValueError(f"min_judged_share must be in [0, 1], got {self.min_judged_share}")
         self._check_hard_reset()
         if self.day < 1 or not 0 <= self.days_per_iteration < float("inf"):
             raise ValueError(f"day must be >= 1 and days_per_iteration >= 0, got day="

@@ -13,8 +13,8 @@ from digirl_lite.data.records import Ending, ScreenTable, Source
 from digirl_lite.judge.calibration import wilson_interval
 from digirl_lite.rollout.fleet import BatchAgent, Episode
 
-__all__ = ["FAILURE_KINDS", "INVALID_SHARE", "failure_kind", "invalid_steps", "evaluate",
-           "summarize"]
+__all__ = ["FAILURE_KINDS", "INVALID_SHARE", "MIN_JUDGED_SHARE", "failure_kind",
+           "invalid_steps", "evaluate", "summarize"]
 
 FAILURE_KINDS = ("never_reached_site", "wrong_page_at_end", "ran_out_of_steps",
                  "infrastructure", "unjudged", "invalid_actions")
@@ -77,7 +77,13 @@ def invalid_steps(trajectory) -> int:
     return sum(not s.action.is_valid for s in trajectory.steps)
 
 
-def summarize(episodes: Sequence[Episode]) -> dict[str, Any]:
+MIN_JUDGED_SHARE = 0.9
+"""An evaluation where fewer than this share of its tasks were judged is incomplete (see
+:func:`summarize`; the config's ``min_judged_share``)."""
+
+
+def summarize(episodes: Sequence[Episode],
+              min_judged_share: float = MIN_JUDGED_SHARE) -> dict[str, Any]:
     """Success rate (Wilson 95% interval over usable episodes), mean length, failure kinds.
 
     Episodes cut by the infrastructure, and episodes with an unjudged step (the judge could
@@ -85,6 +91,12 @@ def summarize(episodes: Sequence[Episode]) -> dict[str, Any]:
     agent's failure. ``unjudged`` counts the latter, ``unjudged_step_rate`` is the share of
     all steps that came back unjudged; ``invalid_step_rate`` the share of all steps whose
     action string did not parse (INVALID: an idle step, ``digirl_lite.actions``).
+
+    Every task is either judged (``judged_episodes``) or listed in ``not_evaluated`` (its
+    trajectory id, task and why: the fault that ended its last attempt, or "unjudged");
+    ``complete`` is False when the judged share ``judged_share`` is below
+    ``min_judged_share``: the stage's rate then speaks for too few of its tasks, and tables
+    print "incomplete" instead of it (issue 29).
     """
     trajs = [e.trajectory for e in episodes]
     judged = [t for t in trajs if t.is_usable]
@@ -106,14 +118,21 @@ def summarize(episodes: Sequence[Episode]) -> dict[str, Any]:
         "mean_length_success": float(np.mean([len(t) for t in judged if t.is_success]))
         if wins else float("nan"),
         "failure_kinds": {k: kinds.get(k, 0) for k in FAILURE_KINDS},
+        "judged_share": n / len(trajs) if trajs else float("nan"),
+        "complete": bool(trajs) and n >= min_judged_share * len(trajs),
+        "not_evaluated": [{"traj_id": t.traj_id, "task": t.task,
+                           "why": t.truncation_reason if t.is_infra_truncated else "unjudged"}
+                          for t in trajs if not t.is_usable],
     }
 
 
 def evaluate(fleet, agent: BatchAgent, tasks: Sequence[Any], *, seed: int = 10_000,
              id_prefix: str = "eval", screens: ScreenTable | None = None,
-             n_tasks: int | None = EVAL_TASKS) -> tuple[dict[str, Any], list[Episode]]:
+             n_tasks: int | None = EVAL_TASKS,
+             min_judged_share: float = MIN_JUDGED_SHARE
+             ) -> tuple[dict[str, Any], list[Episode]]:
     """Run each of the first ``n_tasks`` tasks once; return the summary and the episodes."""
     tasks = list(tasks)[:n_tasks] if n_tasks else list(tasks)
     episodes = fleet.collect(agent, tasks, screens if screens is not None else ScreenTable(),
                              id_prefix=id_prefix, source=Source.ONLINE, seed=seed)
-    return summarize(episodes), episodes
+    return summarize(episodes, min_judged_share), episodes

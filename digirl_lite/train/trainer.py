@@ -22,6 +22,7 @@ import copy
 import json
 import os
 import random
+import re
 import shutil
 import tempfile
 import time
@@ -48,7 +49,7 @@ from digirl_lite.policy.updates import (
     text_mle_update,
 )
 from digirl_lite.rollout.episode import SampledAction
-from digirl_lite.rollout.fleet import JudgeUnavailable
+from digirl_lite.rollout.fleet import JudgeUnavailable, NoDevicesLeft
 from digirl_lite.train.config import DigiRLConfig, effective_fields
 from digirl_lite.train.evaluate import evaluate
 
@@ -107,9 +108,9 @@ class PolicyBatchAgent:
 
 
 class RunStopped(RuntimeError):
-    """The run stopped on purpose (its judge could not answer): what was collected is stored
-    and, from the online phase on, a checkpoint saved; ``--resume`` goes on from there once
-    the cause is fixed."""
+    """The run stopped on purpose (its judge could not answer, or no device was left): what
+    the stopped phase had finished is kept in ``stopped/``; ``--resume`` redoes that phase
+    from the last checkpoint (saved at its start) once the cause is fixed."""
 
 
 class _StageFleet:
@@ -153,6 +154,9 @@ class Trainer:
         from digirl_lite.vision.sim_encoder import SIM_FEATURE_DIM
 
         cfg.check_paths()  # every field that cannot work, before anything is built
+        from digirl_lite.envs.judges import probe_judge
+
+        probe_judge(cfg.judge)  # a VLM judge that does not answer: refused in seconds
         self.cfg = cfg
         self.out = Path(out_dir)
         self.out.mkdir(parents=True, exist_ok=True)
@@ -328,8 +332,12 @@ class Trainer:
         if self._fleet is None:
             from digirl_lite.rollout import make_fleet
 
-            opts = {"max_unjudged_steps": self.cfg.max_unjudged_steps,
-                    **self.cfg.fleet_options}
+            c = self.cfg
+            opts = {"max_unjudged_steps": c.max_unjudged_steps,
+                    "max_unjudged_s": c.max_unjudged_s,
+                    "max_task_attempts": c.max_task_attempts,
+                    "quarantine_after": c.quarantine_after,
+                    "quarantine_probe_s": c.quarantine_probe_s, **c.fleet_options}
             self._fleet = make_fleet(self.cfg.fleet, self.phones.make_env, self.phones.n,
                                      **opts)
         return self._fleet
@@ -499,9 +507,9 @@ class Trainer:
         of processes: with N processes each collects its own contiguous share and the
         episodes (and their screens) are exchanged, so every process returns all of them.
 
-        When the judge cannot answer (``max_unjudged_steps`` in a row), what had finished
-        is stored (the run's store, or the evaluation's), a checkpoint is saved from the
-        online phase on, and :class:`RunStopped` says why.
+        When the judge cannot answer (``max_unjudged_steps`` in a row, or no verdict for
+        ``max_unjudged_s``) or no device is left, what had finished is kept aside
+        (:meth:`_stop_run`) and :class:`RunStopped` says why.
 
         A background collection (``learner="async"``) is stopped first (the fleet collects
         one thing at a time); the next take starts it again."""
@@ -510,7 +518,7 @@ class Trainer:
             kw["reset_options"] = {"day": self.phone_day(kw.get("iteration"))}
         a = self.rank * len(tasks) // self.world
         b = (self.rank + 1) * len(tasks) // self.world
-        stopped: tuple[int, str] | None = None
+        stopped: dict[str, Any] | None = None
         with self._bar(b - a, f"{stage}: episodes", unit="ep") as bar:
             def started(_slot: int, obs: Observation) -> None:
                 if obs.step == 0:
@@ -520,37 +528,53 @@ class Trainer:
                 episodes = self.fleet().collect(agent, list(tasks[a:b]), screens,
                                                 id_prefix=id_prefix, seed=seed + a,
                                                 on_step=started, **kw)
-            except JudgeUnavailable as e:
-                episodes, stopped = e.episodes, (e.n, e.reason)
+            except (JudgeUnavailable, NoDevicesLeft) as e:
+                episodes, stopped = e.episodes, self._why_stopped(e)
         if self.world > 1:
             episodes, stopped = self._exchange(episodes, stopped, screens, id_prefix, a)
         if stopped is not None:
-            self._stop_run(stage, [ep.trajectory for ep in episodes], screens, *stopped)
+            self._stop_run(stage, [ep.trajectory for ep in episodes], screens, stopped)
         self._tally_unjudged(stage, [ep.trajectory for ep in episodes])
         return episodes
 
-    def _stop_run(self, stage: str, got: list[Trajectory], screens: ScreenTable, n: int,
-                  reason: str) -> None:
-        """The judge could not answer: store what had finished (``got``), checkpoint from
-        the online phase on, raise :class:`RunStopped`."""
+    def _why_stopped(self, e: JudgeUnavailable | NoDevicesLeft) -> dict[str, Any]:
+        """What :meth:`_stop_run` says and logs about a collection that had to stop."""
+        if isinstance(e, NoDevicesLeft):
+            return {"why": f"no device was left (every one quarantined): {e.reason}",
+                    "fix": "bring the devices back and resume", "log": {"reason": e.reason,
+                                                                          "no_devices": True}}
+        quiet = f" (no verdict for {e.seconds:.0f} s)" if e.seconds is not None else ""
+        return {"why": f"{e.n} steps in a row were unjudged{quiet}; the last one: {e.reason} "
+                       f"(the judge's config: {self.cfg.judge})", "fix": "fix the judge and resume",
+                "log": {"unjudged_in_a_row": e.n, "reason": e.reason,
+                        "seconds_without_verdict": e.seconds}}
+
+    def _stop_run(self, stage: str, got: list[Trajectory], screens: ScreenTable,
+                  stopped: dict[str, Any]) -> None:
+        """The judge could not answer or no device was left (``stopped``, from
+        :meth:`_why_stopped`): keep what had finished (``got``) in a store of its own,
+        ``stopped/<stage>``, raise :class:`RunStopped`.
+
+        The run's store and checkpoints are left as they were: the last checkpoint is at
+        the start of the phase that stopped (one is saved after every phase, iteration and
+        evaluation), so ``--resume`` redoes that phase whole, with the same task draws, and
+        never mistakes a part of a pile or an iteration for all of it (issue 29)."""
         self.features.fill(screens)
-        where = self.out / "store"
-        if stage.startswith("eval"):
-            where = self.out / "eval" / stage.removeprefix("eval:")
-            if self.is_main and got:
-                TrajectoryStore.create(where, screens.feature_dim, exist_ok=True).append(
-                    got, screens)
-        elif got:
-            self._store_append(got)
-        saved = ""
-        if stage.startswith("online"):
-            saved = f"; checkpoint {self.save_checkpoint()}"
-        self.log(stage="stopped", during=stage, unjudged_in_a_row=n, reason=reason,
-                 kept_trajectories=len(got))
+        name = re.sub(r"[^A-Za-z0-9_.-]+", "-", stage).strip("-")
+        n = 1 + sum(1 for p in (self.out / "stopped").glob(f"{name}-*"))
+        where = self.out / "stopped" / f"{name}-{n}"  # each stop its own: none overwritten
+        if self.is_main and got:
+            TrajectoryStore.create(where, screens.feature_dim).append(got, screens)
+        latest = self.out / "checkpoints" / "latest"
+        resume = (f"--resume goes on from checkpoint {latest.read_text().strip()} (the start "
+                  f"of {stage})" if latest.is_file() else "the run starts over")
+        fleet = self._fleet.stats.as_dict() if self._fleet is not None else {}
+        self.log(stage="stopped", during=stage, **stopped["log"], kept_trajectories=len(got),
+                 kept_in=str(where) if got else None, fleet=fleet)
+        kept = f"kept in {where}" if got else "none to keep"
         raise RunStopped(
-            f"stopped during {stage}: {n} steps in a row were unjudged; the last one: "
-            f"{reason} (the judge's config: {self.cfg.judge}). {len(got)} finished "
-            f"trajectories were stored in {where}{saved}; fix the judge and resume")
+            f"stopped during {stage}: {stopped['why']}. {len(got)} finished trajectories: "
+            f"{kept}; {stopped['fix']}: {resume}")
 
     def _tally_unjudged(self, stage: str, trajs: Sequence[Trajectory]) -> None:
         """Count ``trajs``' unjudged steps and steps under ``stage`` (the judge's
@@ -562,7 +586,7 @@ class Trainer:
         u, n = tally.get(name, (0, 0))
         tally[name] = [u + unjudged, n + steps]
 
-    def _exchange(self, episodes: list, stopped: tuple[int, str] | None,
+    def _exchange(self, episodes: list, stopped: dict[str, Any] | None,
                   screens: ScreenTable, id_prefix: str, first: int):
         """Every process's episodes (renamed to their index in the whole task list) and the
         screens they visit (images and features), on every process, in task order."""
@@ -698,13 +722,13 @@ class Trainer:
             if len(batch) < want:
                 try:
                     batch += [e.trajectory for e in self.fleet().take(want - len(batch))]
-                except JudgeUnavailable as e:  # store what completed, as the sync loop does
+                except (JudgeUnavailable, NoDevicesLeft) as e:  # as the sync loop does
                     self._collecting = False
                     self.fleet().stop()
                     got = kept + [t for t in batch + [ep.trajectory for ep in e.episodes]
                                   if self._stale(t, now) <= c.max_staleness]
                     self._stop_run(f"online iteration {k}", self._adopt(got, k),
-                                   self.screens, e.n, e.reason)
+                                   self.screens, self._why_stopped(e))
             for t in batch:
                 (kept if self._stale(t, now) <= c.max_staleness else dropped).append(t)
         self.timings["collect"] = self.timings.get("collect", 0.0) + time.perf_counter() - t0
@@ -754,7 +778,6 @@ class Trainer:
         tasks drawn from a generator seeded by the run's ``rng``. Trajectory ids are
         ``online-s{seed}-a{generation}-{k}``: the generation counts the starts over the
         run, resumes included (read back from the store), so ids never repeat."""
-        import re
 
         from digirl_lite.vision import FeatureCache
 
@@ -836,7 +859,8 @@ class Trainer:
             report, episodes = self._timed("evaluate", lambda: evaluate(
                 _StageFleet(self, f"eval:{stage}"), self.agent(screens), self._test_tasks(),
                 n_tasks=self.cfg.eval_tasks, seed=10_000 + self.cfg.seed,
-                id_prefix=f"eval-{stage}", screens=screens))
+                id_prefix=f"eval-{stage}", screens=screens,
+                min_judged_share=self.cfg.min_judged_share))
         if self.is_main:  # every evaluation trajectory, for replay and the report
             self.features.fill(screens)
             ev = self.out / "eval" / stage
@@ -853,7 +877,13 @@ class Trainer:
                  ci95=[round(x, 3) for x in report["ci95"]],
                  mean_length=round(report["mean_length"], 2),
                  invalid_step_rate=round(report["invalid_step_rate"], 4),
-                 unjudged=report["unjudged"], failure_kinds=report["failure_kinds"])
+                 unjudged=report["unjudged"], failure_kinds=report["failure_kinds"],
+                 judged=f"{report['judged_episodes']}/{report['episodes']}",
+                 complete=report["complete"], not_evaluated=report["not_evaluated"])
+        if not report["complete"]:
+            self.say(f"evaluation {stage} is incomplete: {report['judged_episodes']} of "
+                     f"{report['episodes']} tasks judged (min_judged_share "
+                     f"{self.cfg.min_judged_share}); its rate is not reported as the stage's")
         return report
 
     # -- persistence ----------------------------------------------------------------------
@@ -940,7 +970,6 @@ class Trainer:
         """Restore the newest checkpoint; False when there is none. A checkpoint saved
         under another config is refused (:class:`ConfigError` naming the fields that
         differ) unless ``allow_config_change``."""
-        import re
 
         from digirl_lite.data.store import load_trajectories
         from digirl_lite.policy.factory import load_kwargs, load_policy
@@ -1114,6 +1143,8 @@ class Trainer:
             "buffer": self.buffer.counts(),
             "timings_s": {k: round(v, 2) for k, v in self.timings.items()},
             "feature_cache_hit_rate": round(self.features.hit_rate, 3),
+            # what the devices survived, and which left the fleet when (issue 29)
+            "fleet": self._fleet.stats.as_dict() if self._fleet is not None else {},
             # per stage: unjudged steps / steps collected (the judge's reliability)
             "unjudged_step_rate": {k: round(u / n, 4) if n else 0.0
                                    for k, (u, n) in self.summary.get("unjudged_steps",

@@ -82,7 +82,7 @@ import time
 import traceback
 import uuid
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -647,7 +647,7 @@ def _read_urls(procs: list[subprocess.Popen], deadline: float) -> list[str | Non
 
 
 def spawn_phones(n: int, world: str = "webshop", seed: int = 0, *, timeout_s: float = 60.0,
-                 **kw: Any) -> list[PhoneProcess]:
+                 ports: Sequence[int] | None = None, **kw: Any) -> list[PhoneProcess]:
     """Start ``n`` served phones, each in its own process on a free port.
 
     Phone ``i`` is seeded ``seed + i`` (as ``SimEnvFactory`` seeds slots). The processes
@@ -657,6 +657,8 @@ def spawn_phones(n: int, world: str = "webshop", seed: int = 0, *, timeout_s: fl
         n: how many phones.
         world, seed: as :class:`SimPhoneServer`.
         timeout_s: how long to wait for all of them to listen.
+        ports: phone ``i`` listens on ``ports[i]`` (e.g. a phone restarted where a lost one
+            was, issue 29); None: each on a free port.
         **kw: more :class:`SimPhoneServer` options (``day``, ``surprises``, ``faults``,
             ``crash_down_s``, ``width``, ``height``, ``host``, ``screen_cache``).
 
@@ -669,13 +671,16 @@ def spawn_phones(n: int, world: str = "webshop", seed: int = 0, *, timeout_s: fl
     """
     if n < 0:
         raise ValueError(f"n must be non-negative, got {n}")
+    if ports is not None and len(ports) != n:
+        raise ValueError(f"ports must name {n} ports, got {len(ports)}")
     root = str(Path(__file__).resolve().parents[3])  # the child imports this checkout
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
         p for p in (root, os.environ.get("PYTHONPATH")) if p)}
     extra = [a for k, v in kw.items() for a in (f"--{k.replace('_', '-')}", _cli_value(v))]
     procs, errs = [], []
     for i in range(n):
-        argv = [sys.executable, "-m", "digirl_lite.envs.sim.serve", "--port", "0",
+        port = str(ports[i]) if ports is not None else "0"
+        argv = [sys.executable, "-m", "digirl_lite.envs.sim.serve", "--port", port,
                 "--world", world, "--seed", str(seed + i), *extra]
         errs.append(tempfile.TemporaryFile())
         procs.append(subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=errs[-1], env=env))
