@@ -5,10 +5,11 @@ Trainer's own fleet (phones, features, sampling, recording).
 
     python benchmarks/bench_actor.py --out benchmarks/results/bench_actor.json
 
-``--profile`` prints torch's operator table for three updates. Issue 16 (item 1) quotes
-it before and after the changes to :meth:`AutoUIPolicy.log_prob` (length buckets, the head
-on real tokens only, no second loss) and :mod:`digirl_lite.policy.sampling` (inverse-
-transform sampling in place of ``torch.multinomial``).
+``--profile`` prints torch's operator table for three updates and the share of their time
+spent on vocabulary-wide tensors (``vocab_share``; issue 28's 6-minute analysis). Issue 16
+(item 1) quotes it before and after the changes to :meth:`AutoUIPolicy.log_prob` (length
+buckets, the head on real tokens only, no second loss) and :mod:`digirl_lite.policy.sampling`
+(inverse-transform sampling in place of ``torch.multinomial``).
 """
 
 from __future__ import annotations
@@ -62,13 +63,20 @@ def main(argv: list[str] | None = None) -> dict:
         for _ in range(args.updates):
             update()
         update_s = (time.perf_counter() - t0) / args.updates
+        vocab_share = None
         if args.profile:
             from torch.profiler import ProfilerActivity, profile
 
-            with profile(activities=[ProfilerActivity.CPU]) as prof:
+            with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
                 for _ in range(3):
                     update()
             print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15))
+            # the share of the update spent on the vocabulary: every op with a vocabulary-
+            # wide input (the tied head's matmuls, log_softmax and its backward, their fills)
+            v = str(p.model.config.vocab_size)
+            times = [(v in str(e.input_shapes), e.self_cpu_time_total)
+                     for e in prof.key_averages(group_by_input_shape=True)]
+            vocab_share = sum(t for on, t in times if on) / max(1e-9, sum(t for _, t in times))
 
     pr, f, _ = batch(args.sample)
     p.act(pr, f, max_new_tokens=64)
@@ -80,6 +88,8 @@ def main(argv: list[str] | None = None) -> dict:
     out = {"batch": args.batch, "bf16": args.bf16, "update_s": round(update_s, 3),
            "sample_batch": args.sample, "act_s": round(act_s, 3),
            "threads": torch.get_num_threads()}
+    if vocab_share is not None:
+        out.update(vocab=p.model.config.vocab_size, vocab_share=round(vocab_share, 3))
     if args.pile:
         from digirl_lite.train.config import sim_webshop
         from digirl_lite.train.trainer import Trainer
