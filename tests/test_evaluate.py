@@ -79,4 +79,6 @@ def test_an_evaluation_with_too_few_tasks_judged_is_incomplete_and_says_which(ca
     # 9 of 10 judged meets the default share (0.9); a stricter share does not
     ten = [win] * 9 + lost[:1]
     assert summarize(ten)["complete"] and not summarize(ten, min_judged_share=0.95)["complete"]
+    print_table({"digirl": {"stages": {"online": summarize(ten)}}}, 10)  # the count beside
+    assert "100.0% ( 2.0;  0.0% inv) [9/10 judged]" in capsys.readouterr().out
     assert not summarize([])["complete"]

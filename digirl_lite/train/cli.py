@@ -187,7 +187,9 @@ def cache_dir_of(args: argparse.Namespace):
 
 def print_table(results: dict[str, dict[str, Any]], eval_tasks: int) -> None:
     """Held-out success (mean episode length; share of steps whose action string did not
-    parse) of each run's stages, one row per run."""
+    parse) of each run's stages, one row per run; where some tasks were not judged, the
+    judged count beside the rate, and "incomplete" instead of it below the run's
+    ``min_judged_share`` (issue 29)."""
     print(f"\nheld-out success (mean episode length; invalid steps) on the first {eval_tasks} "
           "test tasks")
     print(f"{'':<12} {'copier':^22}  {'offline':^22}  {'online':^22}")
@@ -200,7 +202,10 @@ def print_table(results: dict[str, dict[str, Any]], eval_tasks: int) -> None:
                 what = f"incomplete: {r['judged_episodes']}/{r['episodes']} judged"
                 cells.append(f"{what:^22}")
                 continue
+            judged = r and r.get("judged_episodes", r.get("episodes")) != r.get("episodes")
             cells.append(f"{'-':^22}" if r is None else
                          f"{100 * r['success_rate']:5.1f}% ({r['mean_length']:4.1f}; "
-                         f"{100 * inv:4.1f}% inv)")
+                         f"{100 * inv:4.1f}% inv)"
+                         + (f" [{r['judged_episodes']}/{r['episodes']} judged]" if judged
+                            else ""))
         print(f"{name:<12} " + "  ".join(cells))
