@@ -167,6 +167,40 @@ def test_the_last_attempt_of_the_last_task_on_the_last_device_is_not_no_device_l
         assert time.monotonic() - t0 < 30  # probed at once, not after 600 s
 
 
+class _Hung(_Down):
+    """A phone that hangs: every reset gives up after ``wait_s`` (a call timeout)."""
+
+    def __init__(self, wait_s: float) -> None:
+        self.wait_s = wait_s
+
+    def reset(self, task=None, seed=None):
+        time.sleep(self.wait_s)
+        raise TimeoutError(f"no answer in {self.wait_s} s")
+
+
+def test_probing_a_hung_phone_does_not_hold_up_the_lockstep_fleet():
+    """A quarantined phone that hangs is probed on a thread of its own: the live phone's
+    episodes go on at their own pace (probed every round here, each probe 1.5 s)."""
+    from digirl_lite.envs.sim import ScriptedExpert, SimPhoneEnv, Surprises
+
+    def make(slot):
+        return _Hung(1.5) if slot == 1 else SimPhoneEnv("webshop_test",
+                                                        surprises=Surprises.none())
+
+    tasks = SimPhoneEnv("webshop_test").tasks[:8]
+    expert = ScriptedBatchAgent(lambda slot: ScriptedExpert())
+    with make_fleet("sync", make, 2, quarantine_after=1, quarantine_probe_s=0.0) as f:
+        t0 = time.monotonic()
+        episodes = f.collect(expert, tasks, ScreenTable(), id_prefix="h")
+        took = time.monotonic() - t0
+    assert all(e.trajectory.is_success for e in episodes)
+    steps = sum(len(e.trajectory) for e in episodes)
+    assert f.stats.quarantined == 1 and f.stats.returned == 0
+    # serial probes would add 1.5 s to each of the live phone's steps (here about 1.5 s x
+    # steps); on their own thread they cost a few probes' time in all
+    assert took < 0.3 * 1.5 * steps, (took, steps)
+
+
 # -- a judge that is down -------------------------------------------------------------------
 def _paper(url: str, **kw) -> dict:
     return {"judge": "paper", "guards": False, **kw,

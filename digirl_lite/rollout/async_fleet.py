@@ -53,6 +53,7 @@ from digirl_lite.rollout.fleet import (
     device_name,
     log,
     make_devices,
+    probe_reset,
     record_result,
     reset_device,
     restart_device,
@@ -284,13 +285,8 @@ class AsyncFleet(_DeviceFleet):
                 break
             k, task = item
             if probe:  # a quarantined device: a fresh start, one reset, no second try
-                restart_device(device, self._faults, "")
-                opts = self._rec.reset_options
-                try:
-                    outcome = device.reset(*((task, self._rec.seed + k, opts) if opts
-                                             else (task, self._rec.seed + k)))
-                except DeviceError as e:
-                    outcome = e
+                outcome = probe_reset(device, self._faults, task, self._rec.seed + k,
+                                      self._rec.reset_options)
             else:
                 outcome = reset_device(device, self._faults, task, self._rec.seed + k,
                                        self._rec.reset_options)

@@ -461,6 +461,17 @@ def reset_device(device: Any, faults: _FaultKeeper, task: Any, seed: int,
         return e
 
 
+def probe_reset(device: Any, faults: _FaultKeeper, task: Any, seed: int,
+                options: dict[str, Any] | None = None
+                ) -> tuple[Observation, int] | DeviceError:
+    """A quarantined device's probe: a restart, then one reset (no second try)."""
+    restart_device(device, faults, "")
+    try:
+        return device.reset(*((task, seed, options) if options else (task, seed)))
+    except DeviceError as e:
+        return e
+
+
 def begin_episode(slot: int, recording: _Recording, faults: _FaultKeeper, k: int, task: Any,
                   outcome: tuple[Observation, int] | DeviceError) -> Episode | None:
     """Start recording episode ``k`` from a reset's outcome; None when it started, else the
@@ -572,6 +583,7 @@ class SyncFleet(_DeviceFleet):
         self.devices = make_devices(make_env, n_envs, backend, record_size, timeout_s)
         self._pool = ThreadPoolExecutor(n_envs, "sync-fleet") if (
             parallel_steps and n_envs > 1) else None
+        self._probe_pool: ThreadPoolExecutor | None = None
 
     def _step(self, device: Any, text: str):
         try:
@@ -609,39 +621,63 @@ class SyncFleet(_DeviceFleet):
             else:
                 done[k] = ep
 
-        def start(slot: int, probe: bool = False) -> None:
+        def start(slot: int) -> None:
             dev = self.devices[slot]
             while (item := queue.next_for(slot)) is not None:
                 k, task = item
-                if probe:  # a quarantined device: a fresh start, one reset, no second try
-                    restart_device(dev, self._faults, "")
-                    try:
-                        outcome = dev.reset(*((task, seed + k, rec.reset_options)
-                                              if rec.reset_options else (task, seed + k)))
-                    except DeviceError as e:
-                        outcome = e
-                else:
-                    outcome = reset_device(dev, self._faults, task, seed + k,
-                                           rec.reset_options)
+                outcome = reset_device(dev, self._faults, task, seed + k, rec.reset_options)
                 failed = begin_episode(slot, rec, self._faults, k, task, outcome)
                 if failed is None:
                     running[slot] = (k, task)
-                    if probe:
-                        self._rejoin(dev, queue)
                     return
-                settle(slot, k, task, failed, probe)
-                if probe:  # still down (its next probe time is set): probe it again later
-                    return
+                settle(slot, k, task, failed)
                 if not outcome.task_fault and self._faults.start_failed(slot, str(outcome)):
                     self._quarantine(dev, queue, str(outcome))
                     return
 
+        # probes of quarantined devices run in threads of their own, so a device that hangs
+        # does not hold up the others' lockstep; what they find is recorded here
+        probes: dict[int, tuple[int, Any, Any]] = {}  # slot -> (k, task, future)
+
+        def probe(now: bool = False) -> None:
+            """Start the probes that are due (``now``: every quarantined device's, then wait
+            for them); record the probes that have finished: a device that started its
+            episode rejoins, one that did not gives the task back (its attempt too)."""
+            for slot, due in sorted(self._quarantined.items()):
+                if slot in probes or not (now or time.monotonic() >= due):
+                    continue
+                self._quarantined[slot] = time.monotonic() + self._faults.quarantine_probe_s
+                if (item := queue.next_for(slot)) is None:
+                    continue
+                k, task = item
+                probes[slot] = (k, task, self._probes().submit(
+                    probe_reset, self.devices[slot], self._faults, task, seed + k,
+                    rec.reset_options))
+            for slot, (k, task, fut) in list(probes.items()):
+                if not (now or fut.done()):
+                    continue
+                outcome = fut.result()
+                del probes[slot]
+                failed = begin_episode(slot, rec, self._faults, k, task, outcome)
+                if failed is None:
+                    running[slot] = (k, task)
+                    self._rejoin(self.devices[slot], queue)
+                else:
+                    settle(slot, k, task, failed, probe=True)
+
         try:
-            self._lockstep(agent, rec, start, settle, running, queue)
+            self._lockstep(agent, rec, start, settle, probe, probes, running, queue)
         except (JudgeUnavailable, NoDevicesLeft) as e:
+            for _, _, fut in probes.values():  # let them end; their tasks are not recorded
+                fut.cancel()
             e.episodes = [done[k] for k in sorted(done)]
             raise
         return [done[k] for k in range(len(tasks))]
+
+    def _probes(self) -> ThreadPoolExecutor:
+        if self._probe_pool is None:
+            self._probe_pool = ThreadPoolExecutor(self.n_envs, "sync-fleet-probe")
+        return self._probe_pool
 
     def _quarantine(self, dev: Any, queue: _TaskQueue, reason: str) -> None:
         self._quarantined[dev.slot] = time.monotonic() + self._faults.quarantine_probe_s
@@ -653,34 +689,24 @@ class SyncFleet(_DeviceFleet):
         queue.set_live(dev.slot, True)
         self._faults.device_event(dev, "returned")
 
-    def _probe(self, start: Callable[..., None], running: dict, queue: _TaskQueue,
-               now: bool = False) -> None:
-        """Probe the quarantined devices whose time has come (``now``: all of them): a
-        restart, then one start on the next task; one that answers rejoins. A probe
-        happens only when there is a task for it, and sets the device's next probe time
-        first."""
-        for slot, due in sorted(self._quarantined.items()):
-            if not queue.pending:
-                return
-            if now or time.monotonic() >= due:
-                self._quarantined[slot] = time.monotonic() + self._faults.quarantine_probe_s
-                start(slot, probe=True)
-
-    def _lockstep(self, agent: BatchAgent, rec: _Recording, start: Callable[..., None],
-                  settle: Callable[..., None], running: dict[int, tuple[int, Any]],
-                  queue: _TaskQueue) -> None:
+    def _lockstep(self, agent: BatchAgent, rec: _Recording, start: Callable[[int], None],
+                  settle: Callable[..., None], probe: Callable[..., None], probes: dict,
+                  running: dict[int, tuple[int, Any]], queue: _TaskQueue) -> None:
         for slot in sorted(queue.live):
             start(slot)
         while True:
-            self._probe(start, running, queue)
+            probe()
             if queue.pending:  # a task a fault sent back, for a device that has none
                 for slot in sorted(queue.live - set(running)):
                     start(slot)
             if not rec.active:
+                if probes:  # nothing to step: wait for the probes in flight
+                    probe(now=True)
+                    continue
                 if not queue.pending:
                     return
                 if not queue.live:
-                    self._probe(start, running, queue, now=True)
+                    probe(now=True)
                     if not rec.active:
                         raise NoDevicesLeft("; ".join(
                             f"{device_name(self.devices[s])}: {self._faults.last_fault.get(s, '')}"
@@ -706,8 +732,9 @@ class SyncFleet(_DeviceFleet):
                     start(dev.slot)
 
     def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=True)
+        for pool in (self._pool, self._probe_pool):
+            if pool is not None:
+                pool.shutdown(wait=True)
         self._close_devices()
 
 
