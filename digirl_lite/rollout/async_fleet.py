@@ -50,13 +50,13 @@ from digirl_lite.rollout.fleet import (
     _Recording,
     _TaskQueue,
     begin_episode,
-    device_name,
     log,
     make_devices,
     probe_reset,
     record_result,
     reset_device,
     restart_device,
+    settle_episode,
 )
 
 __all__ = ["AsyncFleet", "TAKE_ORDERS"]
@@ -173,7 +173,6 @@ class AsyncFleet(_DeviceFleet):
         self._probed_while_empty: set[int] = set()
         if not self._queue.live:
             self._probe_now.set()
-        self._running: dict[int, tuple[int, Any]] = {}  # slot -> (k, task) of its episode
         self._events: queue.Queue = queue.Queue()
         self._boxes = [queue.Queue() for _ in self.devices]
         self._completed: deque[tuple[int, Episode]] = deque()
@@ -314,22 +313,16 @@ class AsyncFleet(_DeviceFleet):
                 self._events.put(("step", device.slot, (text, version, policy_s, result)))
         self._events.put(("idle", device.slot, None))
 
-    def _settle(self, slot: int, k: int, task: Any, episode: Episode,
-                probe: bool = False) -> bool:
-        """A finished episode: back to the queue (True) or completed."""
-        infra = episode.trajectory.is_infra_truncated
-        if self._queue.settle(k, task, slot, infra, probe):
-            self._faults.requeued(slot, k, episode.trajectory.truncation_reason or "")
-            return True
-        self._complete(k, episode)
-        return False
+    def _settle(self, slot: int, k: int, episode: Episode, probe: bool = False) -> None:
+        """A finished episode: its task back to the queue, or the episode completed."""
+        if not settle_episode(self._queue, self._faults, slot, k, episode, probe):
+            self._complete(k, episode)
 
     def _started(self, slot: int, k: int, task: Any, outcome: Any, probe: bool) -> bool:
         """A reset's outcome, in the loop; True when the device is (still) quarantined."""
         dev = self.devices[slot]
         failed = begin_episode(slot, self._rec, self._faults, k, task, outcome)
         if failed is None:
-            self._running[slot] = (k, task)
             if probe:
                 self._quarantined.discard(slot)
                 self._queue.set_live(slot, True)
@@ -337,7 +330,7 @@ class AsyncFleet(_DeviceFleet):
                 self._probed_while_empty.clear()
                 self._faults.device_event(dev, "returned")
             return False
-        self._settle(slot, k, task, failed, probe)
+        self._settle(slot, k, failed, probe)
         if probe:
             if self._probe_now.is_set():
                 self._probed_while_empty.add(slot)
@@ -386,11 +379,10 @@ class AsyncFleet(_DeviceFleet):
                     continue
                 if kind == "reset":
                     k, task, outcome, probe = payload
-                    if isinstance(outcome, DeviceError):
-                        down = self._started(slot, k, task, outcome, probe)
+                    down = self._started(slot, k, task, outcome, probe)
+                    if isinstance(outcome, DeviceError):  # no episode: the next task
                         self._boxes[slot].put(("over", None, down))
                         continue
-                    self._started(slot, k, task, outcome, probe)
                     out = None
                 else:
                     text, version, policy_s, result = payload
@@ -401,13 +393,12 @@ class AsyncFleet(_DeviceFleet):
                 elif out is None:
                     ready[slot] = time.monotonic()
                 else:
-                    self._settle(slot, out[0], self._running.pop(slot)[1], out[1])
+                    self._settle(slot, out[0], out[1])
                     self._boxes[slot].put(("over", out[2], False))
             if not self._queue.live and not self._rec.active and self._queue.pending \
                     and self._probed_while_empty >= self._quarantined:
-                raise NoDevicesLeft("; ".join(
-                    f"{device_name(self.devices[s])}: {self._faults.last_fault.get(s, '')}"
-                    [:200] for s in sorted(self._quarantined)))
+                raise self._faults.no_devices_left(
+                    [self.devices[s] for s in sorted(self._quarantined)])
             if not ready:
                 continue
             # resetting or stepping (a quarantined device waits for its probe)

@@ -325,10 +325,10 @@ class _FaultKeeper:
         if max_consecutive_faults < 1 or max_unjudged_steps < 0 or max_unjudged_s < 0:
             raise ValueError("max_consecutive_faults must be >= 1, max_unjudged_steps and "
                              "max_unjudged_s >= 0")
-        self.max_unjudged_s = max_unjudged_s
-        self.last_verdict = time.monotonic()  # the clock of max_unjudged_s (see judged)
         if quarantine_after < 0 or quarantine_probe_s < 0:
             raise ValueError("quarantine_after and quarantine_probe_s must be >= 0")
+        self.max_unjudged_s = max_unjudged_s
+        self.last_verdict = time.monotonic()  # the clock of max_unjudged_s (see judged)
         self.max_consecutive_faults = max_consecutive_faults
         self.max_unjudged_steps = max_unjudged_steps
         self.quarantine_after, self.quarantine_probe_s = quarantine_after, quarantine_probe_s
@@ -369,6 +369,12 @@ class _FaultKeeper:
                         self.quarantine_probe_s)
         else:
             log.warning("%s answered again and rejoined the fleet", name)
+
+    def no_devices_left(self, devices: Sequence[Any]) -> NoDevicesLeft:
+        """The error for a fleet whose ``devices`` are all quarantined: each named, with its
+        last fault."""
+        return NoDevicesLeft("; ".join(
+            f"{device_name(d)}: {self.last_fault.get(d.slot, '')}"[:200] for d in devices))
 
     def judged(self, info: dict[str, Any]) -> None:
         """Count one step's verdict; raise :class:`JudgeUnavailable` at the limit."""
@@ -448,17 +454,11 @@ def reset_device(device: Any, faults: _FaultKeeper, task: Any, seed: int,
     error, restart it and try once more. Returns (observation, horizon), or the second
     error. A failed setup phase (:attr:`DeviceError.task_fault`: the device answered) is
     returned at once, the device left as it is."""
-    args = (task, seed, options) if options else (task, seed)
-    try:
-        return device.reset(*args)
-    except DeviceError as e:
-        if e.task_fault:
-            return e
-        restart_device(device, faults, f"reset failed ({e})")
-    try:
-        return device.reset(*args)
-    except DeviceError as e:
-        return e
+    outcome = _reset_once(device, task, seed, options)
+    if not isinstance(outcome, DeviceError) or outcome.task_fault:
+        return outcome
+    restart_device(device, faults, f"reset failed ({outcome})")
+    return _reset_once(device, task, seed, options)
 
 
 def probe_reset(device: Any, faults: _FaultKeeper, task: Any, seed: int,
@@ -466,10 +466,27 @@ def probe_reset(device: Any, faults: _FaultKeeper, task: Any, seed: int,
                 ) -> tuple[Observation, int] | DeviceError:
     """A quarantined device's probe: a restart, then one reset (no second try)."""
     restart_device(device, faults, "")
-    try:
+    return _reset_once(device, task, seed, options)
+
+
+def _reset_once(device: Any, task: Any, seed: int, options: dict[str, Any] | None
+                ) -> tuple[Observation, int] | DeviceError:
+    try:  # options only where there are some (devices without reset options)
         return device.reset(*((task, seed, options) if options else (task, seed)))
     except DeviceError as e:
         return e
+
+
+def settle_episode(queue: _TaskQueue, faults: _FaultKeeper, slot: int, k: int,
+                   episode: Episode, probe: bool = False) -> bool:
+    """Task ``k``'s episode on ``slot`` is over: True when an infrastructure fault ended it
+    and its task went back to the queue (counted in ``requeued``), False when it is the
+    task's episode to return."""
+    t = episode.trajectory
+    if queue.settle(k, episode.task, slot, t.is_infra_truncated, probe):
+        faults.requeued(slot, k, t.truncation_reason or "")
+        return True
+    return False
 
 
 def begin_episode(slot: int, recording: _Recording, faults: _FaultKeeper, k: int, task: Any,
@@ -612,13 +629,9 @@ class SyncFleet(_DeviceFleet):
         queue = _TaskQueue(tasks, self.max_task_attempts,
                            live={d.slot for d in self.devices} - set(self._quarantined))
         done: dict[int, Episode] = {}
-        running: dict[int, tuple[int, Any]] = {}  # slot -> (k, task) of its episode
 
-        def settle(slot: int, k: int, task: Any, ep: Episode, probe: bool = False) -> None:
-            infra = ep.trajectory.is_infra_truncated
-            if queue.settle(k, task, slot, infra, probe):
-                self._faults.requeued(slot, k, ep.trajectory.truncation_reason or "")
-            else:
+        def settle(slot: int, k: int, ep: Episode, probe: bool = False) -> None:
+            if not settle_episode(queue, self._faults, slot, k, ep, probe):
                 done[k] = ep
 
         def start(slot: int) -> None:
@@ -628,9 +641,8 @@ class SyncFleet(_DeviceFleet):
                 outcome = reset_device(dev, self._faults, task, seed + k, rec.reset_options)
                 failed = begin_episode(slot, rec, self._faults, k, task, outcome)
                 if failed is None:
-                    running[slot] = (k, task)
                     return
-                settle(slot, k, task, failed)
+                settle(slot, k, failed)
                 if not outcome.task_fault and self._faults.start_failed(slot, str(outcome)):
                     self._quarantine(dev, queue, str(outcome))
                     return
@@ -660,13 +672,12 @@ class SyncFleet(_DeviceFleet):
                 del probes[slot]
                 failed = begin_episode(slot, rec, self._faults, k, task, outcome)
                 if failed is None:
-                    running[slot] = (k, task)
                     self._rejoin(self.devices[slot], queue)
                 else:
-                    settle(slot, k, task, failed, probe=True)
+                    settle(slot, k, failed, probe=True)
 
         try:
-            self._lockstep(agent, rec, start, settle, probe, probes, running, queue)
+            self._lockstep(agent, rec, start, settle, probe, probes, queue)
         except (JudgeUnavailable, NoDevicesLeft) as e:
             for _, _, fut in probes.values():  # let them end; their tasks are not recorded
                 fut.cancel()
@@ -691,13 +702,13 @@ class SyncFleet(_DeviceFleet):
 
     def _lockstep(self, agent: BatchAgent, rec: _Recording, start: Callable[[int], None],
                   settle: Callable[..., None], probe: Callable[..., None], probes: dict,
-                  running: dict[int, tuple[int, Any]], queue: _TaskQueue) -> None:
+                  queue: _TaskQueue) -> None:
         for slot in sorted(queue.live):
             start(slot)
         while True:
             probe()
             if queue.pending:  # a task a fault sent back, for a device that has none
-                for slot in sorted(queue.live - set(running)):
+                for slot in sorted(queue.live - set(rec.active)):
                     start(slot)
             if not rec.active:
                 if probes:  # nothing to step: wait for the probes in flight
@@ -708,9 +719,8 @@ class SyncFleet(_DeviceFleet):
                 if not queue.live:
                     probe(now=True)
                     if not rec.active:
-                        raise NoDevicesLeft("; ".join(
-                            f"{device_name(self.devices[s])}: {self._faults.last_fault.get(s, '')}"
-                            [:200] for s in sorted(self._quarantined)))
+                        raise self._faults.no_devices_left(
+                            [self.devices[s] for s in sorted(self._quarantined)])
                 continue
             slots = sorted(rec.active)
             t0 = time.perf_counter()
@@ -726,7 +736,7 @@ class SyncFleet(_DeviceFleet):
                 out = record_result(dev.slot, rec, self._faults, text, res, policy_s, version)
                 if out is not None:
                     k, ep, restart = out
-                    settle(dev.slot, k, running.pop(dev.slot)[1], ep)
+                    settle(dev.slot, k, ep)
                     if restart is not None:
                         restart_device(dev, self._faults, restart)
                     start(dev.slot)

@@ -342,6 +342,10 @@ class Trainer:
                                      **opts)
         return self._fleet
 
+    def _fleet_stats(self) -> dict[str, Any]:
+        """What this process's fleet survived ({} before it was built)."""
+        return self._fleet.stats.as_dict() if self._fleet is not None else {}
+
     def close(self) -> None:
         """Stop the fleet's workers (threads, processes, Ray actors), the emulators this run
         started, and TensorBoard."""
@@ -568,9 +572,8 @@ class Trainer:
         latest = self.out / "checkpoints" / "latest"
         resume = (f"--resume goes on from checkpoint {latest.read_text().strip()} (the start "
                   f"of {stage})" if latest.is_file() else "the run starts over")
-        fleet = self._fleet.stats.as_dict() if self._fleet is not None else {}
         self.log(stage="stopped", during=stage, **stopped["log"], kept_trajectories=len(got),
-                 kept_in=str(where) if got else None, fleet=fleet)
+                 kept_in=str(where) if got else None, fleet=self._fleet_stats())
         kept = f"kept in {where}" if got else "none to keep"
         raise RunStopped(
             f"stopped during {stage}: {stopped['why']}. {len(got)} finished trajectories: "
@@ -1144,7 +1147,7 @@ class Trainer:
             "timings_s": {k: round(v, 2) for k, v in self.timings.items()},
             "feature_cache_hit_rate": round(self.features.hit_rate, 3),
             # what the devices survived, and which left the fleet when (issue 29)
-            "fleet": self._fleet.stats.as_dict() if self._fleet is not None else {},
+            "fleet": self._fleet_stats(),
             # per stage: unjudged steps / steps collected (the judge's reliability)
             "unjudged_step_rate": {k: round(u / n, 4) if n else 0.0
                                    for k, (u, n) in self.summary.get("unjudged_steps",
