@@ -169,6 +169,32 @@ def test_unreachable_endpoint_is_refused_with_its_url(tmp_path):
         make_phones(cfg, seed=0)
 
 
+def test_a_run_starts_without_the_endpoints_it_cannot_reach(tmp_path, caplog):
+    """Issue 29: one endpoint of two down at the start is one warning line, and the fleet
+    starts with it quarantined (it rejoins when a probe reaches it); all down is refused."""
+    import logging
+
+    from digirl_lite.envs.sim.serve import spawn_phones
+    from digirl_lite.rollout import make_fleet
+
+    caplog.set_level(logging.WARNING)
+    (phone,) = spawn_phones(1, world="webshop", seed=0)
+    dead = f"http://127.0.0.1:{closed_port()}"
+    try:
+        cfg = sim_quick(env="android", starting_policy=str(SHIPPED), judge={"judge": "env"},
+                        android={"devices": [dead, phone.url],
+                                 "options": {"call_timeout_s": 2.0}})
+        phones = make_phones(cfg, seed=0)
+        assert phones.down == (0,)
+        lines = [r.getMessage() for r in caplog.records if dead in r.getMessage()]
+        assert len(lines) == 1 and "starts without it" in lines[0]
+        with make_fleet("sync", phones.make_env, phones.n, quarantined=phones.down) as f:
+            assert [e["event"] for e in f.stats.device_events] == ["quarantined"]
+            assert dead in f.stats.device_events[0]["device"]
+    finally:
+        phone.close()
+
+
 def test_bad_config_file_fields_are_named(tmp_path):
     p = tmp_path / "c.json"
     p.write_text(json.dumps({"env": "android", "android": {"devices": []},

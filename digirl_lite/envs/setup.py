@@ -183,7 +183,9 @@ class EndpointEnvFactory:
 @dataclass
 class Phones:
     """What a run collects on: ``make_env`` (slot -> env, picklable), ``n`` phones, the
-    train and test task lists, and ``close`` for whatever this run started."""
+    train and test task lists, and ``close`` for whatever this run started. ``down``: the
+    slots of endpoints that could not be reached at the start (the fleet starts with them
+    quarantined, and takes each in when a probe reaches it)."""
 
     make_env: Any
     n: int
@@ -191,6 +193,7 @@ class Phones:
     test_tasks: list[Any]
     kind: str
     manager: Any = None
+    down: tuple[int, ...] = ()
 
     def close(self) -> None:
         if self.manager is not None:
@@ -225,6 +228,27 @@ def probe_device(kw: dict[str, Any], needs_check: bool) -> None:
             dev.quit()
 
 
+def _unreachable(devices: list[dict[str, Any]], needs_check: bool) -> tuple[int, ...]:
+    """Probe every endpoint; the slots of those that cannot be reached, each with one
+    warning line (issue 29: the run goes on with the others). A device that answers but
+    cannot serve the run (no task set-up or success check), or none reachable at all, is a
+    ConfigError."""
+    down, why = [], []
+    for slot, kw in enumerate(devices):
+        try:
+            probe_device(kw, needs_check)
+        except ConfigError as e:
+            if "cannot be reached" not in str(e):
+                raise
+            down.append(slot)
+            why.append(str(e))
+    if len(down) == len(devices):
+        raise ConfigError("; ".join(why))
+    for w in why:
+        log.warning("%s; the run starts without it and takes it in when a probe reaches it", w)
+    return tuple(down)
+
+
 def make_phones(cfg: Any, seed: int, probe: bool = True) -> Phones:
     """The phones of ``cfg`` (``env``, ``android``, ``judge``, ``horizon``, task files):
     the simulated phone's factory, or Android devices; endpoints are probed (``probe``) and
@@ -248,13 +272,11 @@ def make_phones(cfg: Any, seed: int, probe: bool = True) -> Phones:
     every = cfg.hard_reset_every or 0
     lifecycle: dict[str, Any] = {"setup": plan.setup, "teardown": plan.teardown}
     if plan.emulators is None:
-        if probe:
-            for kw in plan.devices:
-                probe_device(kw, needs_check)
+        down = _unreachable(plan.devices, needs_check) if probe else ()
         if every:
             lifecycle.update(hard_reset_every=every, hard_reset=plan.hard_reset)
         make = EndpointEnvFactory(plan.devices, cfg.judge, horizon, plan.reset, **lifecycle)
-        return Phones(make, plan.n, train, test, "android")
+        return Phones(make, plan.n, train, test, "android", down=down)
     from digirl_lite.envs.android.emulator import EmulatorConfig, EmulatorManager, SdkToolMissing
 
     if plan.reset == "snapshot" and cfg.fleet in ("process", "ray"):

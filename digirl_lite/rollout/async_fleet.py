@@ -80,8 +80,8 @@ class AsyncFleet(_DeviceFleet):
         max_consecutive_faults: infrastructure truncations in a row before a device is reset.
         max_unjudged_steps: stop collecting (:class:`~.fleet.JudgeUnavailable`, with the
             finished episodes) after this many unjudged steps in a row (0: never).
-        max_unjudged_s, max_task_attempts, quarantine_after, quarantine_probe_s: as
-            :class:`~.fleet.SyncFleet`
+        max_unjudged_s, max_task_attempts, quarantine_after, quarantine_probe_s,
+            quarantined: as :class:`~.fleet.SyncFleet`
             (a task a fault ended goes back to the queue; a device whose starts fail
             ``quarantine_after`` times in a row leaves the fleet and its worker probes it
             every ``quarantine_probe_s``; no device left: :class:`~.fleet.NoDevicesLeft`).
@@ -93,7 +93,7 @@ class AsyncFleet(_DeviceFleet):
                  max_consecutive_faults: int = 3, max_unjudged_steps: int = 0,
                  devices: list[Any] | None = None, max_task_attempts: int = 3,
                  quarantine_after: int = 3, quarantine_probe_s: float = 30.0,
-                 max_unjudged_s: float = 0.0) -> None:
+                 max_unjudged_s: float = 0.0, quarantined: Sequence[int] = ()) -> None:
         if n_envs < 1 or min_batch < 1 or batch_wait_s < 0 or max_task_attempts < 1:
             raise ValueError("n_envs, min_batch and max_task_attempts must be >= 1, "
                              "batch_wait_s >= 0")
@@ -103,9 +103,10 @@ class AsyncFleet(_DeviceFleet):
         self.policy_version = 0
         self._faults = _FaultKeeper(max_consecutive_faults, max_unjudged_steps,
                                     quarantine_after, quarantine_probe_s, max_unjudged_s)
-        self._quarantined: set[int] = set()
         self.devices = devices if devices is not None else make_devices(
             make_env, n_envs, backend, record_size, timeout_s)
+        self._quarantined: set[int] = set(self._faults.quarantine_at_start(self.devices,
+                                                                           quarantined))
         self._policy_lock = threading.Lock()
         self._loop: threading.Thread | None = None
         self._order, self._next_k = "completion", 0

@@ -347,6 +347,14 @@ class _FaultKeeper:
             self.last_fault[slot] = reason
             return bool(self.quarantine_after) and n >= self.quarantine_after
 
+    def quarantine_at_start(self, devices: Sequence[Any],
+                            slots: Sequence[int]) -> list[int]:
+        """Record ``slots`` (of ``devices``) as quarantined from the start: unreachable
+        before the fleet was built. Returns them."""
+        for slot in slots:
+            self.device_event(devices[slot], "quarantined", "unreachable at the start")
+        return list(slots)
+
     def started(self, slot: int) -> None:
         with self._lock:
             self._failed_starts[slot] = 0
@@ -575,6 +583,8 @@ class SyncFleet(_DeviceFleet):
             With no device left, :class:`NoDevicesLeft`.
         quarantine_probe_s: how often a quarantined device is probed (a restart, then a
             start on the next task); it rejoins when it answers.
+        quarantined: slots that start quarantined (endpoints unreachable when the run
+            started, :attr:`~digirl_lite.envs.setup.Phones.down`).
         parallel_steps: step the phones of a batch in threads (the batch then takes as long
             as its slowest phone, not the sum); off keeps everything on one thread.
 
@@ -586,7 +596,8 @@ class SyncFleet(_DeviceFleet):
                  timeout_s: float = 120.0, max_consecutive_faults: int = 3,
                  max_unjudged_steps: int = 0, parallel_steps: bool = True,
                  max_task_attempts: int = 3, quarantine_after: int = 3,
-                 quarantine_probe_s: float = 30.0, max_unjudged_s: float = 0.0) -> None:
+                 quarantine_probe_s: float = 30.0, max_unjudged_s: float = 0.0,
+                 quarantined: Sequence[int] = ()) -> None:
         if n_envs < 1:
             raise ValueError(f"n_envs must be >= 1, got {n_envs}")
         if max_task_attempts < 1:
@@ -596,8 +607,10 @@ class SyncFleet(_DeviceFleet):
         self.max_task_attempts = max_task_attempts
         self._faults = _FaultKeeper(max_consecutive_faults, max_unjudged_steps,
                                     quarantine_after, quarantine_probe_s, max_unjudged_s)
-        self._quarantined: dict[int, float] = {}  # slot -> when to probe it next
         self.devices = make_devices(make_env, n_envs, backend, record_size, timeout_s)
+        self._quarantined: dict[int, float] = {  # slot -> when to probe it next
+            s: time.monotonic() for s in self._faults.quarantine_at_start(
+                self.devices, quarantined)}
         self._pool = ThreadPoolExecutor(n_envs, "sync-fleet") if (
             parallel_steps and n_envs > 1) else None
         self._probe_pool: ThreadPoolExecutor | None = None

@@ -338,6 +338,8 @@ class Trainer:
                     "max_task_attempts": c.max_task_attempts,
                     "quarantine_after": c.quarantine_after,
                     "quarantine_probe_s": c.quarantine_probe_s, **c.fleet_options}
+            if self.phones.down:  # endpoints unreachable at the start: in when they answer
+                opts["quarantined"] = self.phones.down
             self._fleet = make_fleet(self.cfg.fleet, self.phones.make_env, self.phones.n,
                                      **opts)
         return self._fleet
