@@ -36,6 +36,7 @@ __all__ = ["BatchAgent", "ScriptedBatchAgent", "Episode", "FleetStats", "SyncFle
            "LocalFleet", "ProcessFleet", "JudgeUnavailable", "NoDevicesLeft", "device_name"]
 
 log = logging.getLogger("digirl_lite.rollout")
+UNREACHABLE_AT_START = "unreachable at the start"
 
 
 class BatchAgent(Protocol):
@@ -352,7 +353,7 @@ class _FaultKeeper:
         """Record ``slots`` (of ``devices``) as quarantined from the start: unreachable
         before the fleet was built. Returns them."""
         for slot in slots:
-            self.device_event(devices[slot], "quarantined", "unreachable at the start")
+            self.device_event(devices[slot], "quarantined", UNREACHABLE_AT_START)
         return list(slots)
 
     def started(self, slot: int) -> None:
@@ -372,8 +373,9 @@ class _FaultKeeper:
                                              "device": name, "event": event,
                                              "reason": reason[:300]})
         if event == "quarantined":
-            log.warning("%s left the fleet after %d failed starts in a row (%s); probing it "
-                        "every %g s", name, self.quarantine_after, reason[:200],
+            why = reason if reason == UNREACHABLE_AT_START else (
+                f"after {self.quarantine_after} failed starts in a row ({reason[:200]})")
+            log.warning("%s left the fleet %s; probing it every %g s", name, why,
                         self.quarantine_probe_s)
         else:
             log.warning("%s answered again and rejoined the fleet", name)
