@@ -16,3 +16,27 @@ class Tapper:
         if obs.step >= 2:
             return format_action(Action.key(ActionType.STATUS_TASK_COMPLETE))
         return format_action(Action.tap(x=0.5, y=0.5))
+
+
+class TwinExpert:
+    """The simulator's expert over the wire, for served phones without surprises: it keeps
+    an in-process twin of its phone (the episode's task loaded at step 0), reads the twin's
+    state, and applies each action's gesture to the twin as the phone gets it."""
+
+    def __init__(self, slot: int) -> None:
+        from digirl_lite.envs.sim import SimPhoneEnv, Surprises
+
+        del slot
+        self.twin = SimPhoneEnv("webshop", surprises=Surprises.none())
+
+    def act(self, obs) -> str:
+        from digirl_lite.actions import to_gesture
+        from digirl_lite.envs.sim.agents import expert_action
+        from digirl_lite.envs.sim.world import HEIGHT, WIDTH
+
+        if obs.step == 0:
+            self.twin.load_task(obs.task, 0)
+        action = expert_action(self.twin.state, self.twin.task)
+        if not action.ends_episode:
+            self.twin.apply_gesture(to_gesture(action, WIDTH, HEIGHT))
+        return format_action(action)

@@ -154,17 +154,33 @@ class _Down:
 def test_the_last_attempt_of_the_last_task_on_the_last_device_is_not_no_device_left(fleet):
     """Every task settled (its attempts used up) when the last device leaves: the
     collection returns its episodes, it does not report that no device was left; the next
-    collection probes the quarantined device at once before giving up."""
-    with make_fleet(fleet, lambda slot: _Down(), 1, max_task_attempts=1, quarantine_after=1,
+    collection probes the quarantined device at once before giving up. The first failed
+    start is the device's free one (one per device): it uses up no attempt."""
+    with make_fleet(fleet, lambda slot: _Down(), 1, max_task_attempts=1, quarantine_after=2,
                     quarantine_probe_s=600) as f:
         episodes = f.collect(ScriptedBatchAgent(Tapper), TASKS[:1], ScreenTable(),
                              id_prefix="d")
         assert [e.trajectory.ending for e in episodes] == [Ending.INFRA]
-        assert f.stats.quarantined == 1
+        assert f.stats.quarantined == 1 and f.stats.requeued == 1
         t0 = time.monotonic()
         with pytest.raises(NoDevicesLeft, match="nothing answers"):
             f.collect(ScriptedBatchAgent(Tapper), TASKS[:2], ScreenTable(), id_prefix="e")
         assert time.monotonic() - t0 < 30  # probed at once, not after 600 s
+
+
+@pytest.mark.parametrize("fleet", ["sync", "async"])
+def test_a_dead_device_cannot_use_up_a_task_s_attempts(fleet):
+    """Two dead devices not yet quarantined and one live: a task that fails to start on
+    both dead ones (their free starts) still runs on the live one, with one attempt."""
+    from digirl_lite.envs.sim import SimEnvFactory, SimPhoneEnv, Surprises
+
+    live = SimEnvFactory(tasks="webshop_test", surprises=Surprises.none())
+    tasks = SimPhoneEnv("webshop_test").tasks[:6]
+    with make_fleet(fleet, lambda slot: _Down() if slot < 2 else live(slot), 3,
+                    max_task_attempts=1, quarantine_after=3) as f:
+        episodes = f.collect(ScriptedBatchAgent(Tapper), tasks, ScreenTable(), id_prefix="f")
+    assert [e.trajectory.ending is Ending.INFRA for e in episodes] == [False] * 6
+    assert f.stats.requeued >= 2 and f.stats.quarantined == 2
 
 
 class _Hung(_Down):
@@ -354,4 +370,9 @@ def test_a_run_with_no_phone_left_stops_with_a_checkpoint_and_resumes(tmp_path):
     for k in range(1, iterations + 1):  # each iteration whole, none from the stopped part
         assert sum(t.iteration == k for t in online) == per_iteration
         assert not any(t.is_infra_truncated for t in online)
-    assert summary["fleet"]["quarantined"] == 0  # the resumed run's fleet lost nothing
+    # the summary holds the whole run's history: the stopped attempt's three quarantines
+    # (each device named), none in the resumed attempt
+    fleet = summary["fleet"]
+    assert fleet["quarantined"] == 3 and fleet["returned"] == 0
+    assert sorted(e["device"].split("(")[1].rstrip(")") for e in fleet["device_events"]
+                  if e["event"] == "quarantined") == sorted(p.url for p in phones)

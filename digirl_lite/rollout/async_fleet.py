@@ -125,12 +125,12 @@ class AsyncFleet(_DeviceFleet):
         id_prefix: str, source: Source = Source.ONLINE, iteration: int = -1,
         seed: int = 0, record_size: tuple[int, int] | None = RECORD_SIZE,
         on_step: Callable[[int, Observation], None] | None = None,
-        reset_options: dict[str, Any] | None = None,
+        reset_options: dict[str, Any] | None = None, retry_unjudged: bool = False,
     ) -> list[Episode]:
         """Run every task once; returns episodes in task order (as :class:`SyncFleet`)."""
         self.start(agent, tasks, screens, id_prefix=id_prefix, source=source,
                    iteration=iteration, seed=seed, record_size=record_size, on_step=on_step,
-                   reset_options=reset_options)
+                   reset_options=reset_options, retry_unjudged=retry_unjudged)
         try:
             self._finished.wait()
             self._raise_if_failed()
@@ -145,6 +145,7 @@ class AsyncFleet(_DeviceFleet):
         seed: int = 0, record_size: tuple[int, int] | None = RECORD_SIZE,
         on_step: Callable[[int, Observation], None] | None = None,
         reset_options: dict[str, Any] | None = None, order: str = "completion",
+        retry_unjudged: bool = False,
     ) -> None:
         """Start collecting in the background; ``tasks`` may be endless (an iterator).
 
@@ -154,7 +155,8 @@ class AsyncFleet(_DeviceFleet):
         ``worker_agent``). ``order``: which completed episodes :meth:`take` and :meth:`stop`
         hand out, ``"completion"`` (the first to complete) or ``"start"`` (task order: a take
         waits for the oldest running episode; a stop keeps only the completed episodes that
-        started before the oldest one still running).
+        started before the oldest one still running). ``retry_unjudged``: as
+        :meth:`SyncFleet.collect`.
         """
         if self._loop is not None:
             raise RuntimeError("this fleet is already collecting: stop() first")
@@ -167,7 +169,9 @@ class AsyncFleet(_DeviceFleet):
                                on_step=on_step, reset_options=reset_options)
         self._faults.collecting()
         self._queue = _TaskQueue(tasks, self.max_task_attempts,
-                                 live={d.slot for d in self.devices} - self._quarantined)
+                                 live={d.slot for d in self.devices} - self._quarantined,
+                                 retry_unjudged=retry_unjudged,
+                                 free_starts=len(self.devices))
         # with no device live, every quarantined one is probed at once (not after its
         # interval), and the collection gives up only when each such probe has failed
         self._probe_now = threading.Event()
@@ -314,9 +318,10 @@ class AsyncFleet(_DeviceFleet):
                 self._events.put(("step", device.slot, (text, version, policy_s, result)))
         self._events.put(("idle", device.slot, None))
 
-    def _settle(self, slot: int, k: int, episode: Episode, probe: bool = False) -> None:
+    def _settle(self, slot: int, k: int, episode: Episode, probe: bool = False,
+                unstarted: bool = False) -> None:
         """A finished episode: its task back to the queue, or the episode completed."""
-        if not settle_episode(self._queue, self._faults, slot, k, episode, probe):
+        if not settle_episode(self._queue, self._faults, slot, k, episode, probe, unstarted):
             self._complete(k, episode)
 
     def _started(self, slot: int, k: int, task: Any, outcome: Any, probe: bool) -> bool:
@@ -331,7 +336,7 @@ class AsyncFleet(_DeviceFleet):
                 self._probed_while_empty.clear()
                 self._faults.device_event(dev, "returned")
             return False
-        self._settle(slot, k, failed, probe)
+        self._settle(slot, k, failed, probe, unstarted=not outcome.task_fault)
         if probe:
             if self._probe_now.is_set():
                 self._probed_while_empty.add(slot)

@@ -91,7 +91,8 @@ class FleetStats:
             still running (keeping them would favour short episodes).
         requeued: episodes an infrastructure fault ended (never started, or cut short)
             whose task went back to the queue for another device (issue 29); they are not
-            returned, the task's next attempt is.
+            returned, the task's next attempt is. ``requeued_unjudged``: of those, the
+            episodes that went back for an unjudged step (evaluations, ``retry_unjudged``).
         quarantined: devices taken out of the fleet after ``quarantine_after`` failed
             starts in a row; returned: quarantined devices that answered a probe and came
             back.
@@ -109,6 +110,7 @@ class FleetStats:
     discarded_unfinished: int = 0
     discarded_out_of_order: int = 0
     requeued: int = 0
+    requeued_unjudged: int = 0
     quarantined: int = 0
     returned: int = 0
     device_events: list[dict[str, Any]] = field(default_factory=list)
@@ -119,7 +121,8 @@ class FleetStats:
                 "device_resets": self.device_resets, "worker_restarts": self.worker_restarts,
                 "discarded_unfinished": self.discarded_unfinished,
                 "discarded_out_of_order": self.discarded_out_of_order,
-                "requeued": self.requeued, "quarantined": self.quarantined,
+                "requeued": self.requeued, "requeued_unjudged": self.requeued_unjudged,
+                "quarantined": self.quarantined,
                 "returned": self.returned, "device_events": list(self.device_events)}
 
 
@@ -155,13 +158,22 @@ class _TaskQueue:
     A task whose episode an infrastructure fault ended (it never started, or was cut short)
     goes back, with the same number ``k`` (so the same trajectory id and environment seed),
     for another device, up to ``max_attempts`` attempts in all: a device does not take back
-    a task that just failed on it while another live device could. ``tasks`` may be endless.
+    a task that just failed on it while another live device could. With ``retry_unjudged``
+    (evaluations) an episode with an unjudged step goes back the same way: the judge, not
+    the agent, left it without a verdict. A start that failed on the device's account (it
+    could not be reached; not the task's setup) uses up no attempt, ``free_starts`` times
+    per task (the fleet's size): a dead device that has not yet left the fleet cannot use
+    up a task's attempts. ``tasks`` may be endless.
     Thread-safe; :meth:`next_for` can wait for a task (the asynchronous fleet's workers).
     """
 
-    def __init__(self, tasks: Any, max_attempts: int, live: set[int] | None = None) -> None:
+    def __init__(self, tasks: Any, max_attempts: int, live: set[int] | None = None,
+                 retry_unjudged: bool = False, free_starts: int = 0) -> None:
         self._tasks = enumerate(tasks)
         self.max_attempts = max_attempts
+        self.free_starts = free_starts  # per task: failed starts that use up no attempt
+        self._free_used: dict[int, int] = {}
+        self.retry_unjudged = retry_unjudged  # an episode with an unjudged step goes back too
         self._ahead = next(self._tasks, None)  # read one ahead: ``pending`` is always known
         self._retries: list[tuple[int, Any, int]] = []  # (k, task, slot it failed on)
         self._attempts: dict[int, int] = {}
@@ -215,12 +227,19 @@ class _TaskQueue:
                 self._cond.wait(0.5)
             return None
 
-    def settle(self, k: int, task: Any, slot: int, infra: bool, probe: bool = False) -> bool:
+    def settle(self, k: int, task: Any, slot: int, infra: bool, probe: bool = False,
+               unstarted: bool = False) -> bool:
         """Task ``k`` came back from ``slot``; True when it goes back to the queue (an
-        infrastructure fault and attempts left; a failed ``probe`` of a quarantined device
-        does not use up an attempt), False when this episode is its last."""
+        infrastructure fault, or an unjudged step under ``retry_unjudged``, and attempts
+        left; a failed ``probe`` of a quarantined device does not use up an attempt, nor
+        does a start the device failed, ``unstarted``, up to ``free_starts``), False when
+        this episode is its last."""
         with self._cond:
             self._out -= 1
+            if infra and unstarted and not probe and \
+                    self._free_used.get(k, 0) < self.free_starts:
+                self._free_used[k] = self._free_used.get(k, 0) + 1
+                self._attempts[k] -= 1
             if probe and infra:
                 self._attempts[k] -= 1
             again = infra and self._attempts[k] < self.max_attempts
@@ -412,10 +431,11 @@ class _FaultKeeper:
         """A collection starts: the clock of ``max_unjudged_s`` starts with it."""
         self.last_verdict = time.monotonic()
 
-    def requeued(self, slot: int, k: int, reason: str) -> None:
+    def requeued(self, slot: int, k: int, reason: str, unjudged: bool = False) -> None:
         with self._lock:
             self.stats.episodes -= 1
             self.stats.requeued += 1
+            self.stats.requeued_unjudged += unjudged
         log.info("device %d: task %d goes back to the queue (%s)", slot, k, reason[:200])
 
     def restarted(self, slot: int, reason: str, what: str) -> None:
@@ -488,13 +508,17 @@ def _reset_once(device: Any, task: Any, seed: int, options: dict[str, Any] | Non
 
 
 def settle_episode(queue: _TaskQueue, faults: _FaultKeeper, slot: int, k: int,
-                   episode: Episode, probe: bool = False) -> bool:
+                   episode: Episode, probe: bool = False, unstarted: bool = False) -> bool:
     """Task ``k``'s episode on ``slot`` is over: True when an infrastructure fault ended it
     and its task went back to the queue (counted in ``requeued``), False when it is the
-    task's episode to return."""
+    task's episode to return. ``unstarted``: the device failed to start it (not the task's
+    setup)."""
     t = episode.trajectory
-    if queue.settle(k, episode.task, slot, t.is_infra_truncated, probe):
-        faults.requeued(slot, k, t.truncation_reason or "")
+    unjudged = queue.retry_unjudged and not t.is_infra_truncated and t.num_unjudged > 0
+    if queue.settle(k, episode.task, slot, t.is_infra_truncated or unjudged, probe,
+                    unstarted):
+        faults.requeued(slot, k, f"{t.num_unjudged} unjudged step(s)" if unjudged
+                        else t.truncation_reason or "", unjudged)
         return True
     return False
 
@@ -628,13 +652,15 @@ class SyncFleet(_DeviceFleet):
         id_prefix: str, source: Source = Source.ONLINE, iteration: int = -1,
         seed: int = 0, record_size: tuple[int, int] | None = RECORD_SIZE,
         on_step: Callable[[int, Observation], None] | None = None,
-        reset_options: dict[str, Any] | None = None,
+        reset_options: dict[str, Any] | None = None, retry_unjudged: bool = False,
     ) -> list[Episode]:
         """Run every task once; returns episodes in task order.
 
         Episode ``k`` gets trajectory id ``{id_prefix}-{k:05d}`` and env seed ``seed + k``.
         ``on_step(slot, obs)`` sees every new observation (e.g. to fill a feature cache).
         ``reset_options`` go to every reset (e.g. the simulated phone's ``{"day": d}``).
+        ``retry_unjudged``: an episode with an unjudged step is run again, as one an
+        infrastructure fault ended (within ``max_task_attempts``; evaluations use it).
         """
         rec = _Recording(screens, id_prefix=id_prefix, source=source, iteration=iteration,
                          seed=seed, record_size=record_size, on_step=on_step,
@@ -642,11 +668,13 @@ class SyncFleet(_DeviceFleet):
         tasks = list(tasks)
         self._faults.collecting()
         queue = _TaskQueue(tasks, self.max_task_attempts,
-                           live={d.slot for d in self.devices} - set(self._quarantined))
+                           live={d.slot for d in self.devices} - set(self._quarantined),
+                           retry_unjudged=retry_unjudged, free_starts=len(self.devices))
         done: dict[int, Episode] = {}
 
-        def settle(slot: int, k: int, ep: Episode, probe: bool = False) -> None:
-            if not settle_episode(queue, self._faults, slot, k, ep, probe):
+        def settle(slot: int, k: int, ep: Episode, probe: bool = False,
+                   unstarted: bool = False) -> None:
+            if not settle_episode(queue, self._faults, slot, k, ep, probe, unstarted):
                 done[k] = ep
 
         def start(slot: int) -> None:
@@ -657,7 +685,7 @@ class SyncFleet(_DeviceFleet):
                 failed = begin_episode(slot, rec, self._faults, k, task, outcome)
                 if failed is None:
                     return
-                settle(slot, k, failed)
+                settle(slot, k, failed, unstarted=not outcome.task_fault)
                 if not outcome.task_fault and self._faults.start_failed(slot, str(outcome)):
                     self._quarantine(dev, queue, str(outcome))
                     return

@@ -172,7 +172,11 @@ class DigiRLConfig:
     """Attempts a task gets when infrastructure faults end them (a device that never
     started the episode, or cut it short): each such attempt sends the task back to the
     queue, with the same trajectory id and seed, for another device (issue 29). 1: no
-    second attempt (the task's episode is then its infrastructure truncation)."""
+    second attempt (the task's episode is then its infrastructure truncation). A start the
+    device failed (it could not be reached; not the task's own setup) uses up no attempt,
+    once per device of the fleet: a dead device cannot spend a task's attempts before it
+    leaves the fleet. An evaluation's episode with an unjudged step goes back the same way
+    (the judge, not the agent, left it without a verdict)."""
     quarantine_after: int = 3
     """A device whose starts fail this many times in a row (its reset fails after a
     restart) leaves the fleet, with one log line naming it; the fleet goes on with the

@@ -131,8 +131,15 @@ def evaluate(fleet, agent: BatchAgent, tasks: Sequence[Any], *, seed: int = 10_0
              n_tasks: int | None = EVAL_TASKS,
              min_judged_share: float = MIN_JUDGED_SHARE
              ) -> tuple[dict[str, Any], list[Episode]]:
-    """Run each of the first ``n_tasks`` tasks once; return the summary and the episodes."""
+    """Run each of the first ``n_tasks`` tasks once; return the summary and the episodes.
+
+    An episode with an unjudged step is run again (the fleet's ``retry_unjudged``, within
+    its ``max_task_attempts``) like one an infrastructure fault cut short: the judge, not
+    the agent, left it without a verdict, and dropping it would drop the long episodes
+    (failures) more often than the short ones. What still has no verdict after the last
+    attempt is listed in ``not_evaluated``."""
     tasks = list(tasks)[:n_tasks] if n_tasks else list(tasks)
     episodes = fleet.collect(agent, tasks, screens if screens is not None else ScreenTable(),
-                             id_prefix=id_prefix, source=Source.ONLINE, seed=seed)
+                             id_prefix=id_prefix, source=Source.ONLINE, seed=seed,
+                             retry_unjudged=True)
     return summarize(episodes, min_judged_share), episodes

@@ -107,6 +107,25 @@ class PolicyBatchAgent:
         return [SampledAction(d.text, d.token_ids, d.log_probs) for d in drawn]
 
 
+FLEET_FILE = "fleet.json"
+
+
+def merge_fleet_stats(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+    """Two :meth:`FleetStats.as_dict` records as one: counts added (per cause for
+    ``infra_truncations``), ``device_events`` one after the other."""
+    out = dict(a)
+    for k, v in b.items():
+        if k not in out:
+            out[k] = v
+        elif isinstance(v, dict):
+            out[k] = {c: out[k].get(c, 0) + v.get(c, 0) for c in {**out[k], **v}}
+        elif isinstance(v, list):
+            out[k] = list(out[k]) + list(v)
+        else:
+            out[k] = out[k] + v
+    return out
+
+
 class RunStopped(RuntimeError):
     """The run stopped on purpose (its judge could not answer, or no device was left): what
     the stopped phase had finished is kept in ``stopped/``; ``--resume`` redoes that phase
@@ -219,6 +238,7 @@ class Trainer:
                                         "unjudged_steps": {}}
         self.curve: list[tuple[int, float]] = []
         self._fleet = None
+        self._fleet_before: dict[str, Any] = {}  # what the fleets of earlier attempts survived
         self._tb = None
         # learner "async": the background collection (see online_iteration)
         self._collecting = False
@@ -344,9 +364,19 @@ class Trainer:
                                      **opts)
         return self._fleet
 
+    def _save_fleet_stats(self) -> None:
+        """``fleet.json``: what the run's fleets survived so far, all attempts (process 0,
+        at every checkpoint and stop; a resumed run reads it back)."""
+        if self.is_main:
+            atomic_write_text(self.out / FLEET_FILE, json.dumps(self._fleet_stats()))
+
     def _fleet_stats(self) -> dict[str, Any]:
-        """What this process's fleet survived ({} before it was built)."""
-        return self._fleet.stats.as_dict() if self._fleet is not None else {}
+        """What this process's fleets survived: this attempt's fleet ({} before it was
+        built) added to what the run's earlier attempts had survived by their last
+        checkpoint or stop (``fleet.json``: a resumed run reports its whole history; a kill
+        loses what came after the last checkpoint, whose phase is redone)."""
+        now = self._fleet.stats.as_dict() if self._fleet is not None else {}
+        return merge_fleet_stats(self._fleet_before, now)
 
     def close(self) -> None:
         """Stop the fleet's workers (threads, processes, Ray actors), the emulators this run
@@ -576,6 +606,7 @@ class Trainer:
                   f"of {stage})" if latest.is_file() else "the run starts over")
         self.log(stage="stopped", during=stage, **stopped["log"], kept_trajectories=len(got),
                  kept_in=str(where) if got else None, fleet=self._fleet_stats())
+        self._save_fleet_stats()  # a resumed run's summary names the devices that left
         kept = f"kept in {where}" if got else "none to keep"
         raise RunStopped(
             f"stopped during {stage}: {stopped['why']}. {len(got)} finished trajectories: "
@@ -956,6 +987,7 @@ class Trainer:
                  "buffer": self.buffer.state_dict(), "rngs": rngs,
                  "curve": self.curve, "summary": self.summary, "timings": self.timings}
         (tmp / "state.json").write_text(json.dumps(state, default=float))
+        self._save_fleet_stats()
         fsync_tree(tmp)
         final = root / name
         os.rename(tmp, final)
@@ -1040,6 +1072,8 @@ class Trainer:
         self.online_trajectories = state["online_trajectories"]
         self.curve = [tuple(x) for x in state["curve"]]
         self.summary = state["summary"]
+        fleet = self.out / FLEET_FILE
+        self._fleet_before = json.loads(fleet.read_text()) if fleet.is_file() else {}
         if changed:
             self.summary["config"] = self.cfg.as_dict()
             self.log(stage="resume", config_changed={k: list(v) for k, v in changed.items()})

@@ -255,10 +255,10 @@ class AppiumDevice:
                     raise DeviceRefused(f"{what}: {self.config.server_url} refused: "
                                         f"{getattr(e, 'msg', None) or e}"[:500]) from e
                 last = e
-                log.warning("%s failed (%s); reconnecting (%d/%d)", what, type(e).__name__,
-                            attempt + 1, self.config.connect_retries)
                 self.driver = None
                 if attempt < self.config.connect_retries:
+                    log.warning("%s failed (%s); reconnecting (%d/%d)", what,
+                                type(e).__name__, attempt + 1, self.config.connect_retries)
                     time.sleep(self.config.retry_wait_s)
                     self.reconnects += 1
         raise DeviceUnavailable(f"{what}: device {self.config.udid or self.config.server_url} "

@@ -40,6 +40,13 @@ thing; the environment's own judge and task set-up use it):
 * ``"digirl: info"`` ``{}`` -> ``{"world": str, "day": int, "seed": int | null,
   "task": str | null}``; ``seed`` is the one the generator was last seeded with.
 
+For observers (a judge server that reads the ground truth, a dashboard), two session-less
+reads that change nothing and never take the client's session:
+``GET /digirl/state`` -> ``info``'s fields and ``"success"`` (null before any task),
+``"session"`` (a client holds one) and ``"screenshots"`` (sent since the task was set);
+``GET /digirl/state/screenshot`` -> the last screenshot sent since the task was set (base64
+PNG), or null.
+
 Where the served phone differs from the in-process one, or from a real device:
 
 * Gestures arrive in integer pixels (``perform`` rounds); a tap lands within half a pixel
@@ -239,6 +246,8 @@ _ROUTES: list[tuple[str, re.Pattern[str], str]] = [
         ("GET", _SID + r"/element/active", "active_element"),
         ("POST", _SID + r"/element/(?P<eid>[^/]+)/value", "send_keys"),
         ("POST", _SID + r"/execute/sync", "execute"),
+        ("GET", r"/digirl/state", "watch"),
+        ("GET", r"/digirl/state/screenshot", "watch_screenshot"),
     ]
 ]
 
@@ -268,6 +277,8 @@ class _Phone:
         self._screens: OrderedDict[str, str] = OrderedDict()  # screen id -> base64 PNG
         self._screen_cache = screen_cache
         self._shown_loading = False  # the last screenshot showed a page still loading
+        self._last_png: str | None = None  # the last screenshot sent since the task was set
+        self._screenshots = 0  # screenshots sent since the task was set
         self._scripts: dict[str, Callable[[dict], Any]] = {
             SET_TASK: self._set_task, IS_SUCCESS: self._is_success, INFO: self._info,
             PRESS_KEY: lambda args: self._do(_key_gesture(args)),
@@ -344,6 +355,8 @@ class _Phone:
                 self._screens.popitem(last=False)
         else:
             self._screens.move_to_end(screen_id)
+        self._last_png = png
+        self._screenshots += 1
         return png
 
     def window_rect(self, body: dict) -> dict:
@@ -405,12 +418,29 @@ class _Phone:
             raise W3CError("invalid argument", f"task {text!r}: {e}") from e
         if seed is not None:
             self.seed = seed
+        self._last_png, self._screenshots = None, 0
         return {"horizon": self.env.horizon, "task": task.text}
 
     def _is_success(self, args: dict) -> dict:
         if self.env.task is None:
             raise W3CError("invalid argument", f"no task set: call {SET_TASK!r} first")
         return {"success": bool(is_success(self.env.state, self.env.task))}
+
+    # -- watching (no session: an observer never takes the client's) -----------------------
+    def watch(self, body: dict) -> dict:
+        """What an observer may read without a session and without changing anything: the
+        task, whether it is done now, the drift day and seed, whether a client holds a
+        session, and how many screenshots were sent since the task was set."""
+        task = self.env.task
+        return {"world": self.world, "day": self.env.day, "seed": self.seed,
+                "task": task.text if task else None,
+                "success": bool(is_success(self.env.state, task)) if task else None,
+                "session": self.session is not None, "screenshots": self._screenshots}
+
+    def watch_screenshot(self, body: dict) -> str | None:
+        """The last screenshot sent to the client since the task was set (base64 PNG), or
+        null; nothing is captured (a capture draws from the phone's random stream)."""
+        return self._last_png
 
     def _info(self, args: dict) -> dict:
         task = self.env.task
