@@ -173,3 +173,29 @@ def test_an_evaluation_reruns_the_episodes_its_judge_left_unjudged(phones):
     assert report["unjudged"] == 0 and report["complete"]
     assert requeued > 0 and fleet.stats.requeued >= requeued
     assert sorted(e.trajectory.traj_id for e in eps) == [f"e-{k:05d}" for k in range(8)]
+
+
+def test_a_phone_restarted_mid_episode_ends_the_episode_as_an_infrastructure_fault():
+    """The phone is killed and served again on its port between two steps: the client's
+    reconnect opens a new session on a phone that lost the episode's state (no task, on
+    the launcher). The episode ends there as an infrastructure truncation naming the lost
+    session; it does not go on, judged on a screen the agent never reached."""
+    from digirl_lite.envs.base import TRUNCATION_INFRA
+
+    (phone,) = spawn_phones(1, world="webshop", seed=0)
+    port = int(phone.url.rsplit(":", 1)[1])
+    env = _factory([phone.url], {"judge": "env"})(0)
+    try:
+        obs, _ = env.reset("Go to ebay.com", seed=2)
+        obs, _, _, trunc, info = env.step(Tapper(0).act(obs))
+        assert not trunc and info["truncation"] is None
+        phone.kill()
+        (phone,) = spawn_phones(1, world="webshop", seed=0, ports=[port])
+        assert _get(phone.url + "/digirl/state")["task"] is None  # the state is gone
+        obs, reward, term, trunc, info = env.step(Tapper(0).act(obs))
+        assert trunc and not term and reward == 0.0
+        assert info["truncation"] == TRUNCATION_INFRA
+        assert "session was lost mid-episode" in info["reason"]
+    finally:
+        env.close()
+        phone.close()

@@ -507,6 +507,11 @@ def _reset_once(device: Any, task: Any, seed: int, options: dict[str, Any] | Non
         return e
 
 
+BENCH_RETRY_S = 1.0
+"""How soon a device that failed a start (and has not yet left the fleet) tries the next one,
+beside the synchronous fleet's lockstep."""
+
+
 def settle_episode(queue: _TaskQueue, faults: _FaultKeeper, slot: int, k: int,
                    episode: Episode, probe: bool = False, unstarted: bool = False) -> bool:
     """Task ``k``'s episode on ``slot`` is over: True when an infrastructure fault ended it
@@ -637,6 +642,7 @@ class SyncFleet(_DeviceFleet):
         self._quarantined: dict[int, float] = {  # slot -> when to probe it next
             s: time.monotonic() for s in self._faults.quarantine_at_start(
                 self.devices, quarantined)}
+        self._benched: set[int] = set()  # failed a start, not quarantined (see _bench)
         self._pool = ThreadPoolExecutor(n_envs, "sync-fleet") if (
             parallel_steps and n_envs > 1) else None
         self._probe_pool: ThreadPoolExecutor | None = None
@@ -686,9 +692,13 @@ class SyncFleet(_DeviceFleet):
                 if failed is None:
                     return
                 settle(slot, k, failed, unstarted=not outcome.task_fault)
-                if not outcome.task_fault and self._faults.start_failed(slot, str(outcome)):
+                if outcome.task_fault:  # the task's setup failed, not the device
+                    continue
+                if self._faults.start_failed(slot, str(outcome)):
                     self._quarantine(dev, queue, str(outcome))
-                    return
+                else:  # its next starts run beside the lockstep, not in it
+                    self._bench(dev, queue)
+                return
 
         # probes of quarantined devices run in threads of their own, so a device that hangs
         # does not hold up the others' lockstep; what they find is recorded here
@@ -714,8 +724,22 @@ class SyncFleet(_DeviceFleet):
                 outcome = fut.result()
                 del probes[slot]
                 failed = begin_episode(slot, rec, self._faults, k, task, outcome)
-                if failed is None:
-                    self._rejoin(self.devices[slot], queue)
+                dev = self.devices[slot]
+                if slot in self._benched:  # a device that failed a start, not yet out
+                    if failed is None:
+                        self._benched.discard(slot)
+                        self._quarantined.pop(slot, None)
+                        queue.set_live(slot, True)
+                        continue
+                    settle(slot, k, failed, unstarted=not outcome.task_fault)
+                    if not outcome.task_fault and self._faults.start_failed(slot,
+                                                                            str(outcome)):
+                        self._benched.discard(slot)
+                        self._quarantine(dev, queue, str(outcome))
+                    else:
+                        self._quarantined[slot] = time.monotonic() + BENCH_RETRY_S
+                elif failed is None:
+                    self._rejoin(dev, queue)
                 else:
                     settle(slot, k, failed, probe=True)
 
@@ -732,6 +756,15 @@ class SyncFleet(_DeviceFleet):
         if self._probe_pool is None:
             self._probe_pool = ThreadPoolExecutor(self.n_envs, "sync-fleet-probe")
         return self._probe_pool
+
+    def _bench(self, dev: Any, queue: _TaskQueue) -> None:
+        """A device whose start failed, short of ``quarantine_after`` failures in a row:
+        out of the lockstep (a dead device's reconnects would hold up every phone's batch),
+        its next starts run as probes in threads of their own, each failure counted towards
+        the quarantine; a start that works brings it back without a line."""
+        self._benched.add(dev.slot)
+        self._quarantined[dev.slot] = time.monotonic()
+        queue.set_live(dev.slot, False)
 
     def _quarantine(self, dev: Any, queue: _TaskQueue, reason: str) -> None:
         self._quarantined[dev.slot] = time.monotonic() + self._faults.quarantine_probe_s
@@ -761,7 +794,7 @@ class SyncFleet(_DeviceFleet):
                     return
                 if not queue.live:
                     probe(now=True)
-                    if not rec.active:
+                    if not rec.active and not self._benched:
                         raise self._faults.no_devices_left(
                             [self.devices[s] for s in sorted(self._quarantined)])
                 continue

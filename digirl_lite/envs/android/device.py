@@ -210,6 +210,7 @@ class AppiumDevice:
         self.config = config
         self.driver: Any = None
         self.reconnects = 0
+        self.sessions = 0  # sessions opened: one more than before means the old one was lost
         self._size: tuple[int, int] | None = None
         self._errors = _transport_errors()
         self.adb = Adb(config.adb_path, config.udid, config.adb_timeout_s) \
@@ -236,6 +237,7 @@ class AppiumDevice:
                                     timeout=self.config.call_timeout_s)
         self.driver = webdriver.Remote(self.config.server_url, options=self._options(),
                                        client_config=client)
+        self.sessions += 1
         self._size = None
 
     def call(self, what: str, fn: Callable[[Any], Any]) -> Any:

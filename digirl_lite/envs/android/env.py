@@ -102,6 +102,7 @@ class AndroidEnv:
         self.config, self.judge, self.horizon = config, judge, horizon
         self._reset, self._sleep = reset, sleep
         self.device = device
+        self._session = 0
         self.task: str | None = None
         self._steps = 0
         self._done = True
@@ -174,6 +175,7 @@ class AndroidEnv:
         if img is None:
             raise DeviceUnavailable("blank screen after reset")
         self._obs = self._observe(img)
+        self._session = getattr(self._device(), "sessions", 0)  # the episode's session
         return self._obs, {"task": self.task, "horizon": self.horizon,
                            "reset": self.last_reset, SETUP: "done" if self.setup else None}
 
@@ -229,6 +231,13 @@ class AndroidEnv:
             result = self._judge(prev, self._obs)
         except DeviceUnavailable as e:  # the device's own check could not be reached
             return self._infra(info, f"step {self._steps}: {e}")
+        if getattr(self._device(), "sessions", 0) != self._session:
+            # a reconnect opened a new session mid-episode: the device (or its server) may
+            # have restarted, and its screen is no longer where the episode left it; going on
+            # would judge the agent on a screen it did not reach (issue 29)
+            return self._infra(info, f"step {self._steps}: the device's session was lost "
+                                     "mid-episode and a new one opened (a restarted device "
+                                     "or server): the episode cannot go on")
         terminated = result.verdict is Verdict.SUCCESS or action.ends_episode
         truncated = not terminated and self._steps >= self.horizon
         if truncated:
