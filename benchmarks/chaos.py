@@ -52,9 +52,9 @@ def _git(*args: str) -> str:
 class Fleet:
     """The served phones; phone ``i`` keeps its port (and seed) across restarts."""
 
-    def __init__(self, n: int, seed: int) -> None:
-        self.seed = seed
-        self.procs = spawn_phones(n, world="webshop", seed=seed)
+    def __init__(self, n: int, seed: int, **kw: Any) -> None:
+        self.seed, self.kw = seed, kw
+        self.procs = spawn_phones(n, world="webshop", seed=seed, **kw)
         self.urls = [p.url for p in self.procs]
         self.ports = [int(u.rsplit(":", 1)[1]) for u in self.urls]
         self.lock = threading.Lock()
@@ -69,7 +69,7 @@ class Fleet:
             for attempt in range(10):  # the port may linger for a moment after a kill
                 try:
                     self.procs[i] = spawn_phones(1, world="webshop", seed=self.seed + i,
-                                                 ports=[self.ports[i]])[0]
+                                                 ports=[self.ports[i]], **self.kw)[0]
                     return
                 except RuntimeError:
                     time.sleep(1.0 + attempt)
@@ -81,6 +81,12 @@ class Fleet:
     def close(self) -> None:
         for p in self.procs:
             p.close()
+
+
+def _screen(args: argparse.Namespace) -> dict[str, int]:
+    """The served phones' screenshot size (gestures stay in the 1080 x 2280 space)."""
+    return {k: v for k, v in (("width", args.screen_width), ("height", args.screen_height))
+            if v}
 
 
 def write_config(path: Path, urls: list[str], judge_url: str, judge_timeout_s: float) -> None:
@@ -138,7 +144,7 @@ class Trainer:
 
 def run_fault_free(work: Path, args: argparse.Namespace, extra: list[str]) -> dict[str, Any]:
     out = work / "fault_free"
-    fleet = Fleet(args.phones, args.seed)
+    fleet = Fleet(args.phones, args.seed, **_screen(args))
     judge = TruthJudgeServer(fleet.urls, seed=args.seed).up()
     try:
         cfg = work / "fault_free.json"
@@ -160,7 +166,7 @@ def run_chaos(work: Path, args: argparse.Namespace, extra: list[str],
               expected_s: float) -> dict[str, Any]:
     rng = random.Random(args.seed * 7 + 1)
     out = work / "chaos"
-    fleet = Fleet(args.phones, args.seed)
+    fleet = Fleet(args.phones, args.seed, **_screen(args))
     faults = JudgeFaults(drop=args.judge_drop, error=args.judge_error, delay=args.judge_delay,
                          delay_s=args.judge_delay_s, latency_s=args.judge_latency_s)
     judge = TruthJudgeServer(fleet.urls, seed=args.seed, faults=faults).up()
@@ -331,6 +337,9 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--work", default=None, help="where the runs go (default: a new temp dir)")
     ap.add_argument("--fault-free", default=None, help="reuse this fault-free run folder")
     ap.add_argument("--fault-free-wall-s", type=float, default=None)
+    ap.add_argument("--screen-width", type=int, default=None,
+                    help="served phones' screenshot width (default: 1080, as a device's)")
+    ap.add_argument("--screen-height", type=int, default=None)
     ap.add_argument("--phone-kill-every", type=float, default=60.0, help="mean seconds")
     ap.add_argument("--phone-down-s", type=float, nargs=2, default=(10.0, 120.0))
     ap.add_argument("--judge-drop", type=float, default=0.02)

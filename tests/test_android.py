@@ -519,6 +519,25 @@ def test_android_env_on_the_fake_driver(appium_server, tmp_path):
 
 @pytest.mark.android
 @pytest.mark.slow
+def test_a_page_source_that_is_not_uiautomator2_s_is_a_clear_error_not_a_crash(
+        appium_server, tmp_path):
+    """The fake driver's page source is its own XML (``<AppiumAUT>``), not UiAutomator2's
+    layout: with ``ui_tree`` on, each step says so in ``info["ui_tree_error"]`` and the
+    episode goes on, judged."""
+    cfg = _config(appium_server, tmp_path, settle_s=0, connect_retries=0, ui_tree=True)
+    env = AndroidEnv(cfg, judge=ScreenJudge(), horizon=2, reset=lambda: None)
+    try:
+        _, info = env.reset(task="Open the app")
+        assert info["ui_tree"] is None and "not <hierarchy>" in info["ui_tree_error"]
+        *_, trunc, info = env.step(format_action(Action.tap(x=0.5, y=0.5)))
+        assert info["verdict"] is Verdict.FAILURE and not trunc
+        assert "not <hierarchy>" in info["ui_tree_error"]
+    finally:
+        env.close()
+
+
+@pytest.mark.android
+@pytest.mark.slow
 def test_android_lifecycle_commands_reach_the_fake_driver(appium_server, tmp_path):
     """Setup and teardown commands through the real server: the fake driver's session
     "thing" (``fake: setThing`` / ``fake: getThing``) and its action log show them; a setup

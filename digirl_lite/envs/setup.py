@@ -265,9 +265,14 @@ def make_phones(cfg: Any, seed: int, probe: bool = True) -> Phones:
             kw["surprises"] = {**dataclasses.asdict(Surprises()), **cfg.sim_surprises}
         if cfg.sim_faults:
             kw["faults"] = dict(cfg.sim_faults)
+        if cfg.ui_tree:
+            kw["ui_tree"] = True
         make = SimEnvFactory(judge=cfg.judge, seed=seed, tasks=cfg.task_file or cfg.world, **kw)
         return Phones(make, cfg.n_envs, train, test, "sim")
     plan = android_plan(cfg.android)
+    if cfg.ui_tree:  # every device reads its page source
+        plan = dataclasses.replace(plan, devices=[{**d, "ui_tree": True} for d in plan.devices],
+                                   options={**plan.options, "ui_tree": True})
     needs_check = plan.reset == "task" or (cfg.judge or {}).get("judge") == "env"
     every = cfg.hard_reset_every or 0
     lifecycle: dict[str, Any] = {"setup": plan.setup, "teardown": plan.teardown}

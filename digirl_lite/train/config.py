@@ -203,6 +203,11 @@ class DigiRLConfig:
     before the lifecycle), Android 0 with ``android.reset`` "home" (the reset it always
     did). Android needs ``android.reset`` "home" and a hard reset: emulators load their
     snapshot (fleet "sync" or "async"), devices send ``android.hard_reset``."""
+    ui_tree: bool = False
+    """Read the phone's UI tree (its accessibility tree: element ids, classes, texts,
+    bounds, clickable, focused) at every reset and step, into the step's ``info["ui_tree"]``
+    (issue 30): the simulator's own elements, a device's page source (one more round trip a
+    step, so off by default)."""
 
     # -- the policy (issue 18) ------------------------------------------------------------
     policy: str = "autoui"

@@ -72,6 +72,8 @@ class AndroidConfig:
         blank_wait_s: pause between blank-screen retries (5 s in the reference code).
         adb_path: adb binary for the typing fallback (None: no fallback).
         adb_timeout_s: limit of one adb call.
+        ui_tree: read the page source (UiAutomator2 XML) after every screenshot, into
+            ``info["ui_tree"]`` (issue 30; one more round trip a step).
     """
 
     server_url: str = "http://127.0.0.1:4723"
@@ -85,6 +87,7 @@ class AndroidConfig:
     blank_wait_s: float = 5.0
     adb_path: str | None = None
     adb_timeout_s: float = 30.0
+    ui_tree: bool = False
 
     def __post_init__(self) -> None:
         if self.call_timeout_s <= 0 or self.adb_timeout_s <= 0:
@@ -270,6 +273,10 @@ class AppiumDevice:
     def screenshot(self) -> Image.Image:
         png = self.call("screenshot", lambda d: d.get_screenshot_as_base64())
         return Image.open(io.BytesIO(base64.b64decode(png))).convert("RGB")
+
+    def page_source(self) -> str:
+        """The screen's UI tree as the server writes it (UiAutomator2: XML)."""
+        return self.call("page source", lambda d: d.page_source)
 
     def window_size(self) -> tuple[int, int]:
         """(width, height) in pixels (asked once per session)."""

@@ -176,8 +176,23 @@ class AndroidEnv:
             raise DeviceUnavailable("blank screen after reset")
         self._obs = self._observe(img)
         self._session = getattr(self._device(), "sessions", 0)  # the episode's session
-        return self._obs, {"task": self.task, "horizon": self.horizon,
-                           "reset": self.last_reset, SETUP: "done" if self.setup else None}
+        info = {"task": self.task, "horizon": self.horizon, "reset": self.last_reset,
+                SETUP: "done" if self.setup else None}
+        self._read_tree(info)
+        return self._obs, info
+
+    def _read_tree(self, info: dict[str, Any]) -> None:
+        """``info["ui_tree"]``: the screen's nodes (``config.ui_tree``); a source the parser
+        cannot read, or a server that refuses the command, is ``info["ui_tree_error"]`` and
+        the episode goes on. A device that cannot be reached raises as every call does."""
+        if not self.config.ui_tree:
+            return
+        from digirl_lite.envs.uitree import UITreeError, parse_source
+
+        try:
+            info["ui_tree"] = parse_source(self._device().page_source())
+        except (UITreeError, DeviceRefused) as e:
+            info["ui_tree"], info["ui_tree_error"] = None, str(e)[:500]
 
     def _reset_by(self, fn: Any) -> None:
         fn()
@@ -218,6 +233,8 @@ class AndroidEnv:
                 dev.perform(to_gesture(action, *dev.window_size()))
                 self._sleep(self.config.settle_s)
             img, blanks = self._capture()
+            if img is not None:
+                self._read_tree(info)
         except DeviceUnavailable as e:
             return self._infra(info, f"step {self._steps}: {e}")
         info["blank_captures"] = blanks

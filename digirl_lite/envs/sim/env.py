@@ -31,6 +31,7 @@ from digirl_lite.envs.sim.world import (
     phase_reached,
     surprises_between,
     transition,
+    ui_nodes,
 )
 from digirl_lite.judge.base import Judge, JudgeResult
 from digirl_lite.paths import data_dir
@@ -119,6 +120,8 @@ class SimPhoneEnv:
             (spec/DARWIN.md A.2; 0: never). 1 (default): every episode starts from the
             saved phone, as the paper's emulators did (spec section 1) and every run of
             this project before the lifecycle.
+        ui_tree: put the screen's UI tree in ``info["ui_tree"]`` at every reset and step
+            (:class:`~digirl_lite.envs.uitree.UINode` list, as a device's page source reads).
     """
 
     def __init__(
@@ -135,6 +138,7 @@ class SimPhoneEnv:
         render_cache: int = 8,
         skip_unsupported: bool = False,
         hard_reset_every: int = 1,
+        ui_tree: bool = False,
     ) -> None:
         if horizon is not None and horizon <= 0:
             raise ValueError(f"horizon must be positive, got {horizon}")
@@ -142,6 +146,7 @@ class SimPhoneEnv:
                 or hard_reset_every < 0:
             raise ValueError(f"hard_reset_every must be an int >= 0, got {hard_reset_every!r}")
         self.hard_reset_every = hard_reset_every
+        self.ui_tree = ui_tree  # info["ui_tree"]: the screen's nodes (issue 30)
         self._since_hard = 0  # episodes since the last hard reset, this one included
         self.last_reset: str | None = None
         """``"hard"`` or ``"minimal"``: how the current episode's phone was reset."""
@@ -215,9 +220,12 @@ class SimPhoneEnv:
         self.judge.reset()
         obs, _ = self._observe()
         self._obs = obs
-        return obs, {"task": self.task.text, "success": is_success(self.state, self.task),
-                     "horizon": self.horizon, "reset": self.last_reset,
-                     SETUP: "done" if self.task.setup is not None else None}
+        info = {"task": self.task.text, "success": is_success(self.state, self.task),
+                "horizon": self.horizon, "reset": self.last_reset,
+                SETUP: "done" if self.task.setup is not None else None}
+        if self.ui_tree:
+            info["ui_tree"] = ui_nodes(self.state)
+        return obs, info
 
     def load_task(self, task: str | Task | None = None, seed: int | None = None) -> Task:
         """Reseed (when ``seed`` is given), pick ``task`` (None: drawn from ``tasks``), reset
@@ -359,6 +367,8 @@ class SimPhoneEnv:
         info.update(success=success, verdict=result.verdict, judge_reply=result.reply,
                     judge_skipped=result.skipped,
                     timings={"env_s": t_env, "judge_s": result.latency_s})
+        if self.ui_tree:
+            info["ui_tree"] = ui_nodes(self.state)
         return obs, reward, terminated, truncated, info
 
     def _judge(self, prev: Observation | None, cur: Observation) -> JudgeResult:

@@ -19,7 +19,8 @@ latency per gesture; one blank-capture draw per screenshot, retried by the clien
 
 Served (the calls of :func:`digirl_lite.envs.android.device.perform` and ``AppiumDevice`` as
 appium-python-client 6 and Selenium 4 send them): ``GET /status``; ``POST /session``,
-``DELETE /session/{id}``; ``GET .../screenshot`` (base64 PNG); ``GET .../window/rect`` and
+``DELETE /session/{id}``; ``GET .../screenshot`` (base64 PNG); ``GET .../source`` (the UI
+tree, UiAutomator2's XML layout); ``GET .../window/rect`` and
 the JSONWP ``GET .../window/{handle}/size``; ``POST .../actions`` (W3C pointer actions: a
 down and up closer than ``TAP_MAX_SQUARED_PX`` is a tap, else a swipe from the down point to
 the up point), ``DELETE .../actions``; the ``mobile: pressKey`` script that the client's
@@ -100,7 +101,14 @@ from PIL import Image
 from digirl_lite.actions import TAP_MAX_SQUARED_PX, Gesture
 from digirl_lite.envs.sim.env import Faults, SimPhoneEnv
 from digirl_lite.envs.sim.tasks import parse_task
-from digirl_lite.envs.sim.world import HEIGHT, WIDTH, Surprises, initial_state, is_success
+from digirl_lite.envs.sim.world import (
+    HEIGHT,
+    WIDTH,
+    Surprises,
+    initial_state,
+    is_success,
+    ui_nodes,
+)
 
 __all__ = ["SimPhoneServer", "PhoneProcess", "spawn_phones", "W3CError", "SET_TASK",
            "IS_SUCCESS", "INFO", "URL_LINE", "encode_png", "pointer_gestures", "main"]
@@ -237,6 +245,7 @@ _ROUTES: list[tuple[str, re.Pattern[str], str]] = [
         ("POST", r"/session", "new_session"),
         ("DELETE", _SID, "delete_session"),
         ("GET", _SID + r"/screenshot", "screenshot"),
+        ("GET", _SID + r"/source", "source"),
         ("GET", _SID + r"/window/rect", "window_rect"),
         ("GET", _SID + r"/window/[^/]+/size", "window_size"),
         ("POST", _SID + r"/actions", "perform_actions"),
@@ -358,6 +367,13 @@ class _Phone:
         self._last_png = png
         self._screenshots += 1
         return png
+
+    def source(self, body: dict) -> str:
+        """The screen's UI tree in UiAutomator2's XML layout (bounds in the gesture space,
+        as a device's are in its screen's pixels)."""
+        from digirl_lite.envs.uitree import to_source
+
+        return to_source(ui_nodes(self.env.state), WIDTH, HEIGHT)
 
     def window_rect(self, body: dict) -> dict:
         # the gesture space: the world's pixels, whatever size screenshots are drawn at

@@ -33,7 +33,7 @@ __all__ = [
     "WIDTH", "HEIGHT", "Surprises", "Page", "PhoneState", "Element",
     "initial_state", "minimal_reset", "apply_phase", "phase_reached", "layout", "hit_test",
     "transition", "is_success", "results_for",
-    "surprises_between", "find",
+    "surprises_between", "find", "is_tappable", "ui_nodes",
     "N_RESULTS",
 ]
 
@@ -491,6 +491,40 @@ def hit_test(state: PhoneState, x: float, y: float) -> Element | None:
         if modal and el.kind in ("modal", "voice"):
             return el  # taps outside the dialog land on its dimmed backdrop
     return None
+
+
+_TAPPABLE = ("popup:close", "popup:nothanks", "consent:accept", "consent:reject",
+             "voice:cancel", "widget:search", "widget:mic", "mic", "address_bar", "search_box",
+             "ad:sponsored")
+_TAPPABLE_PREFIXES = ("icon:", "result:", "promo:")
+_ANDROID_CLASS = {
+    "field": "android.widget.EditText", "button": "android.widget.Button",
+    "close": "android.widget.ImageButton", "mic": "android.widget.ImageButton",
+    "icon": "android.widget.TextView", "tile": "android.widget.ImageView",
+    "logo": "android.widget.ImageView", "image": "android.widget.ImageView",
+    "title": "android.widget.TextView", "big_text": "android.widget.TextView",
+    "row": "android.view.ViewGroup", "card": "android.view.ViewGroup",
+    "bar": "android.view.View", "keyboard": "android.inputmethodservice.KeyboardView",
+    "modal": "android.widget.FrameLayout", "sheet": "android.widget.FrameLayout",
+    "voice": "android.widget.FrameLayout",
+}
+
+
+def is_tappable(el: Element) -> bool:
+    """Does a tap on ``el`` do something (what :func:`_tap` acts on)?"""
+    return el.id in _TAPPABLE or el.id.startswith(_TAPPABLE_PREFIXES)
+
+
+def ui_nodes(state: PhoneState) -> list:
+    """The screen as a UI tree (:class:`~digirl_lite.envs.uitree.UINode`, bottom to top as
+    drawn): every element's id, Android class, text, bounds, whether a tap acts on it and
+    whether it has the focus; overlays and the drift day's layout included."""
+    from digirl_lite.envs.uitree import UINode
+
+    return [UINode(id=el.id, cls=_ANDROID_CLASS.get(el.kind, "android.view.View"),
+                   text=el.label, bounds=tuple(int(v) for v in el.box),
+                   clickable=is_tappable(el), focused=el.id == state.focus)
+            for el in layout(state)]
 
 
 def find(state: PhoneState, element_id: str) -> Element | None:
