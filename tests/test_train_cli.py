@@ -27,6 +27,16 @@ TINY = {"starting_policy": "sft", "sft_demos": 20, "sft_updates": 5, "sft_copy_u
         "eval_tasks": 4}
 
 
+def test_set_given_twice_sets_both_fields():
+    """``--set a=1 --set b=2`` sets both (argparse kept only the last ``--set`` before)."""
+    from digirl_lite.train.cli import config_from_args, run_parser
+
+    args = run_parser("x").parse_args(["--quick", "--set", "iterations=3", "eval_every=0",
+                                       "--set", "eval_tasks=12", "--set", "fleet=async"])
+    cfg = config_from_args(args)
+    assert (cfg.iterations, cfg.eval_every, cfg.eval_tasks, cfg.fleet) == (3, 0, 12, "async")
+
+
 def test_surprises_scaled():
     s = Surprises().scaled(0.1)
     assert s.popup == pytest.approx(0.05) and s.voice == pytest.approx(0.035)

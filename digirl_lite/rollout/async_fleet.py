@@ -170,8 +170,7 @@ class AsyncFleet(_DeviceFleet):
         self._faults.collecting()
         self._queue = _TaskQueue(tasks, self.max_task_attempts,
                                  live={d.slot for d in self.devices} - self._quarantined,
-                                 retry_unjudged=retry_unjudged,
-                                 free_starts=len(self.devices))
+                                 retry_unjudged=retry_unjudged, free_starts=True)
         # with no device live, every quarantined one is probed at once (not after its
         # interval), and the collection gives up only when each such probe has failed
         self._probe_now = threading.Event()

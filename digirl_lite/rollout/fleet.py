@@ -158,24 +158,25 @@ class _TaskQueue:
     A task whose episode an infrastructure fault ended (it never started, or was cut short)
     goes back, with the same number ``k`` (so the same trajectory id and environment seed),
     for another device, up to ``max_attempts`` attempts in all: a device does not take back
-    a task that just failed on it while another live device could. With ``retry_unjudged``
+    a task that failed on it while a live device it has not failed on could. With ``retry_unjudged``
     (evaluations) an episode with an unjudged step goes back the same way: the judge, not
-    the agent, left it without a verdict. A start that failed on the device's account (it
-    could not be reached; not the task's setup) uses up no attempt, ``free_starts`` times
-    per task (the fleet's size): a dead device that has not yet left the fleet cannot use
-    up a task's attempts. ``tasks`` may be endless.
+    the agent, left it without a verdict. With ``free_starts``, a start that failed on the
+    device's account (it could not be reached; not the task's setup) uses up no attempt,
+    once per device and task: a dead device that has not yet left the fleet cannot use up a
+    task's attempts. ``tasks`` may be endless.
     Thread-safe; :meth:`next_for` can wait for a task (the asynchronous fleet's workers).
     """
 
     def __init__(self, tasks: Any, max_attempts: int, live: set[int] | None = None,
-                 retry_unjudged: bool = False, free_starts: int = 0) -> None:
+                 retry_unjudged: bool = False, free_starts: bool = False) -> None:
         self._tasks = enumerate(tasks)
         self.max_attempts = max_attempts
-        self.free_starts = free_starts  # per task: failed starts that use up no attempt
-        self._free_used: dict[int, int] = {}
+        self.free_starts = free_starts > 0  # a failed start uses up no attempt, once per
+        self._free_used: set[tuple[int, int]] = set()  # (task, device) pair
         self.retry_unjudged = retry_unjudged  # an episode with an unjudged step goes back too
         self._ahead = next(self._tasks, None)  # read one ahead: ``pending`` is always known
-        self._retries: list[tuple[int, Any, int]] = []  # (k, task, slot it failed on)
+        self._retries: list[tuple[int, Any]] = []  # tasks sent back, in order
+        self._failed_on: dict[int, set[int]] = {}  # task -> the devices it failed on
         self._attempts: dict[int, int] = {}
         self._out = 0  # handed out, not yet settled
         self.live: set[int] = set(live or ())  # slots not quarantined (change: set_live)
@@ -187,16 +188,17 @@ class _TaskQueue:
         return self._ahead is None
 
     def _pick(self, slot: int) -> tuple[int, Any] | None:
-        for i, (k, task, failed_on) in enumerate(self._retries):
-            if failed_on != slot:
+        for i, (k, task) in enumerate(self._retries):
+            if slot not in self._failed_on[k]:
                 del self._retries[i]
                 return k, task
         if self._ahead is not None:
             item, self._ahead = self._ahead, next(self._tasks, None)
             return item
-        if self._retries and self.live <= {slot}:  # no other live device could take it
-            k, task, _ = self._retries.pop(0)
-            return k, task
+        for i, (k, task) in enumerate(self._retries):
+            if self.live <= self._failed_on[k] | {slot}:  # no other live device could
+                del self._retries[i]  # take it: every one has failed it
+                return k, task
         return None
 
     def set_live(self, slot: int, live: bool) -> None:
@@ -232,19 +234,20 @@ class _TaskQueue:
         """Task ``k`` came back from ``slot``; True when it goes back to the queue (an
         infrastructure fault, or an unjudged step under ``retry_unjudged``, and attempts
         left; a failed ``probe`` of a quarantined device does not use up an attempt, nor
-        does a start the device failed, ``unstarted``, up to ``free_starts``), False when
-        this episode is its last."""
+        does a start the device failed, ``unstarted``, once per device under
+        ``free_starts``), False when this episode is its last."""
         with self._cond:
             self._out -= 1
-            if infra and unstarted and not probe and \
-                    self._free_used.get(k, 0) < self.free_starts:
-                self._free_used[k] = self._free_used.get(k, 0) + 1
+            if infra and unstarted and not probe and self.free_starts and \
+                    (k, slot) not in self._free_used:
+                self._free_used.add((k, slot))
                 self._attempts[k] -= 1
             if probe and infra:
                 self._attempts[k] -= 1
             again = infra and self._attempts[k] < self.max_attempts
             if again:
-                self._retries.append((k, task, slot))
+                self._retries.append((k, task))
+                self._failed_on.setdefault(k, set()).add(slot)
             self._cond.notify_all()
             return again
 
@@ -643,6 +646,7 @@ class SyncFleet(_DeviceFleet):
             s: time.monotonic() for s in self._faults.quarantine_at_start(
                 self.devices, quarantined)}
         self._benched: set[int] = set()  # failed a start, not quarantined (see _bench)
+        self._stale_probes: dict[int, Any] = {}  # slot -> a stopped collection's probe
         self._pool = ThreadPoolExecutor(n_envs, "sync-fleet") if (
             parallel_steps and n_envs > 1) else None
         self._probe_pool: ThreadPoolExecutor | None = None
@@ -675,7 +679,7 @@ class SyncFleet(_DeviceFleet):
         self._faults.collecting()
         queue = _TaskQueue(tasks, self.max_task_attempts,
                            live={d.slot for d in self.devices} - set(self._quarantined),
-                           retry_unjudged=retry_unjudged, free_starts=len(self.devices))
+                           retry_unjudged=retry_unjudged, free_starts=True)
         done: dict[int, Episode] = {}
 
         def settle(slot: int, k: int, ep: Episode, probe: bool = False,
@@ -711,7 +715,11 @@ class SyncFleet(_DeviceFleet):
             for slot, due in sorted(self._quarantined.items()):
                 if slot in probes or not (now or time.monotonic() >= due):
                     continue
-                self._quarantined[slot] = time.monotonic() + self._faults.quarantine_probe_s
+                self._quarantined[slot] = time.monotonic() + (
+                    BENCH_RETRY_S if slot in self._benched else self._faults.quarantine_probe_s)
+                if slot in self._stale_probes and not self._stale_probes[slot].done():
+                    continue  # a probe of a stopped collection still runs on this device
+                self._stale_probes.pop(slot, None)
                 if (item := queue.next_for(slot)) is None:
                     continue
                 k, task = item
@@ -746,8 +754,9 @@ class SyncFleet(_DeviceFleet):
         try:
             self._lockstep(agent, rec, start, settle, probe, probes, queue)
         except (JudgeUnavailable, NoDevicesLeft) as e:
-            for _, _, fut in probes.values():  # let them end; their tasks are not recorded
-                fut.cancel()
+            for slot, (_, _, fut) in probes.items():  # their tasks are not recorded; one
+                if not fut.cancel():  # still running keeps its device from a second probe
+                    self._stale_probes[slot] = fut
             e.episodes = [done[k] for k in sorted(done)]
             raise
         return [done[k] for k in range(len(tasks))]

@@ -36,9 +36,9 @@ def run_parser(description: str, out: str = "runs/webshop") -> argparse.Argument
     ap.add_argument("--seed", type=int, default=None)
     ap.add_argument("--world", choices=["webshop", "general"], default=None)
     ap.add_argument("--config", help="JSON file of DigiRLConfig fields (recipes/configs/)")
-    ap.add_argument("--set", nargs="*", default=[], metavar="FIELD=JSON",
+    ap.add_argument("--set", nargs="*", action="extend", default=[], metavar="FIELD=JSON",
                     help='override fields, e.g. --set iterations=10 judge=\'{"judge": '
-                         '"noisy_oracle"}\'')
+                         '"noisy_oracle"}\' (given again, it adds to the fields set)')
     ap.add_argument("--cache-dir", default=None,
                     help="starting policy and pile cache (default: $DIGIRL_LITE_CACHE or "
                          "~/.cache/digirl_lite; '' to disable)")

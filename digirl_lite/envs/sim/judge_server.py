@@ -17,11 +17,12 @@ Each request is :class:`~digirl_lite.judge.paper.PaperJudge`'s prompt
 part ("Task: ..."), the screenshot from its last image. The server asks every phone what it
 is doing (``GET /digirl/state``, which takes no session and changes nothing); of the phones
 on that task, the one whose last screenshot (``GET /digirl/state/screenshot``, shrunk as the
-judge shrinks it) is the request's image gives the verdict, from its ``is_success``. When
-the phones on the task agree, no screenshot is compared. A request no phone can be found
-for (its phone is down, or moved on) is answered HTTP 503: a judge fault, never a guessed
-verdict. The shipped example screen that :func:`~digirl_lite.envs.judges.probe_judge` sends
-gets a well-formed "failure".
+judge shrinks it) is the request's image gives the verdict, from its ``is_success``. The
+screen is always compared, even when one phone is on the task: the request's own phone may
+be down and another on the same task answer. A request no phone can be found for (its phone
+is down, or moved on) is answered HTTP 503: a judge fault, never a guessed verdict. The
+shipped example screen that :func:`~digirl_lite.envs.judges.probe_judge` sends gets a
+well-formed "failure".
 
 Faults (:class:`JudgeFaults`, changeable while serving): ``drop`` (share of requests whose
 connection is closed with no answer), ``error`` (share answered HTTP 503), ``delay`` (share
@@ -272,8 +273,6 @@ class TruthJudgeServer:
             if task == self.probe_task:
                 return "failure", ""
             return None, "no phone that answers is on this task"
-        if len({s["success"] for _, s in on_task}) == 1:
-            return ("success" if on_task[0][1]["success"] else "failure"), ""
         want = np.asarray(image, dtype=np.int16)
         for url, state in on_task:
             try:
