@@ -16,6 +16,14 @@ it checks, over every record rather than a sample:
     python benchmarks/chaos.py --out benchmarks/results/chaos.json            # full size
     python benchmarks/chaos.py --quick --phones 4 --out /tmp/chaos_quick.json  # minutes
 
+Full size is 16 phones and every kind of fault, over the main job at the size the
+over-the-wire benchmark runs it (``benchmarks/bench_over_wire.py``: a pile of 128, 6 online
+iterations, 48 held-out tasks, evaluated after each phase) on the asynchronous fleet, with
+540 x 1140 screenshots: on this project's 2-CPU machine the main job's own size takes about
+two hours a run over the wire (its first evaluation alone, 96 tasks, took 8 minutes at 2.5
+steps a second), and the pixels are not what this benchmark tests. ``--set`` replaces the
+defaults (``--set iterations=30 ...`` for the main job's own size).
+
 The judge is :class:`~digirl_lite.envs.sim.judge_server.TruthJudgeServer` (its verdicts
 are the phones' own checks, so the fault-free run is the environment's judge over the
 paper judge's code path). Phones are ``python -m digirl_lite.envs.sim.serve`` processes;
@@ -43,6 +51,8 @@ sys.path.insert(0, str(ROOT))
 
 from digirl_lite.envs.sim.judge_server import JudgeFaults, TruthJudgeServer  # noqa: E402
 from digirl_lite.envs.sim.serve import spawn_phones  # noqa: E402
+
+FULL_SIZE = ["fleet=async", "eval_every=0", "pile_size=128", "iterations=6", "eval_tasks=48"]
 
 
 def _git(*args: str) -> str:
@@ -308,16 +318,32 @@ def check(free_dir: Path, chaos_dir: Path) -> dict[str, Any]:
     lost = sorted(set(f_ids) - set(c_ids))
     extra = sorted(set(c_ids) - set(f_ids))
     dup = sorted(k for k, v in c_count.items() if v > 1)
-    other_task = sorted(k for k in set(f_ids) & set(c_ids) if f_ids[k] != c_ids[k])
+    # the pile's tasks are drawn from the seed alone: each id has the same task in both
+    # runs. An online iteration's are drawn from the learner's stream, whose use depends on
+    # the data collected before (which differs between any two runs over the wire: the
+    # asynchronous fleet batches inference as the phones answer), so its ids are compared,
+    # and each iteration must hold all of its own, once
+    other_task = sorted(k for k in set(f_ids) & set(c_ids)
+                        if not k.startswith("online-") and f_ids[k] != c_ids[k])
+    def per_iteration(ids) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for k in ids:
+            if k.startswith("online-"):
+                it = k.rsplit("-", 1)[0]
+                out[it] = out.get(it, 0) + 1
+        return dict(sorted(out.items()))
+
+    online_ids = per_iteration(c_ids)
     infra = [t for t in c_trajs if t.is_infra_truncated]
     # a stored infrastructure truncation (its task out of attempts) or a trajectory with an
     # unjudged step is kept for the record and is not usable (``Trajectory.is_usable``): the
     # critics and the actor never see it as a failure; counted here
     out["store"] = {"fault_free": len(f_trajs), "chaos": len(c_trajs), "lost": lost,
                     "extra": extra, "duplicated": dup, "different_task": other_task,
+                    "online_trajectories_per_iteration": online_ids,
                     "infra_truncated_stored": len(infra),
                     "unjudged_stored": sum(1 for t in c_trajs if t.num_unjudged)}
-    store_ok = not (lost or extra or dup or other_task)
+    store_ok = not (lost or extra or dup or other_task) and online_ids == per_iteration(f_ids)
     kept = sorted(p.name for p in (chaos_dir / "stopped").glob("*")) if (
         chaos_dir / "stopped").is_dir() else []
     out["stopped_phases_kept"] = kept
@@ -334,13 +360,14 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--phones", type=int, default=16)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--quick", action="store_true", help="the main job's --quick size")
-    ap.add_argument("--set", action="append", default=[], help="passed to the main job")
+    ap.add_argument("--set", action="append", default=None,
+                    help=f"fields passed to the main job (default: {' '.join(FULL_SIZE)})")
     ap.add_argument("--work", default=None, help="where the runs go (default: a new temp dir)")
     ap.add_argument("--fault-free", default=None, help="reuse this fault-free run folder")
     ap.add_argument("--fault-free-wall-s", type=float, default=None)
-    ap.add_argument("--screen-width", type=int, default=None,
-                    help="served phones' screenshot width (default: 1080, as a device's)")
-    ap.add_argument("--screen-height", type=int, default=None)
+    ap.add_argument("--screen-width", type=int, default=540,
+                    help="served phones' screenshot width (a device's: 1080)")
+    ap.add_argument("--screen-height", type=int, default=1140)
     ap.add_argument("--phone-kill-every", type=float, default=60.0, help="mean seconds")
     ap.add_argument("--phone-down-s", type=float, nargs=2, default=(10.0, 120.0))
     ap.add_argument("--judge-drop", type=float, default=0.02)
@@ -356,12 +383,15 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--restart-wait-s", type=float, default=10.0)
     ap.add_argument("--max-attempts", type=int, default=12)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--check-only", default=None, metavar="RESULT",
+                    help="run the checks again on the run folders a result file names")
     args = ap.parse_args(argv)
     import tempfile
 
     work = Path(args.work or tempfile.mkdtemp(prefix="chaos-"))
     work.mkdir(parents=True, exist_ok=True)
-    extra = (["--quick"] if args.quick else []) + (["--set", *args.set] if args.set else [])
+    fields = args.set if args.set is not None else ([] if args.quick else FULL_SIZE)
+    extra = (["--quick"] if args.quick else []) + (["--set", *fields] if fields else [])
     result: dict[str, Any] = {
         "command": "python benchmarks/chaos.py " + " ".join(argv if argv is not None
                                                             else sys.argv[1:]),
@@ -375,6 +405,14 @@ def main(argv: list[str] | None = None) -> dict:
             "judge_delay_s", "judge_latency_s", "judge_timeout_s", "judge_down_every",
             "judge_down_s", "trainer_kills")},
     }
+    if args.check_only:  # the checks again, on the runs a result file names
+        result = json.loads(Path(args.check_only).read_text())
+        result["checks"] = check(Path(result["fault_free"]["dir"]),
+                                 Path(result["chaos"]["dir"]))
+        result["figures"]["faults_survived"] = "all" if result["checks"]["ok"] else \
+            "see checks"
+        result["checked_by"] = _git("rev-parse", "--short", "HEAD")
+        return _write(result, args.out)
     if args.fault_free:
         free = {"dir": args.fault_free, "wall_s": args.fault_free_wall_s}
     else:
@@ -412,10 +450,14 @@ def main(argv: list[str] | None = None) -> dict:
         result["checks"] = {"ok": False, "why": f"the chaos run did not finish (exit "
                                                 f"{chaos['exit_code']} after {chaos['attempts']}"
                                                 " attempts)"}
+    return _write(result, args.out)
+
+
+def _write(result: dict[str, Any], out: str | None) -> dict[str, Any]:
     text = json.dumps(result, indent=1, default=str)
     print(text)
-    if args.out:
-        Path(args.out).write_text(text + "\n")
+    if out:
+        Path(out).write_text(text + "\n")
     return result
 
 
