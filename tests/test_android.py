@@ -36,6 +36,7 @@ from digirl_lite.envs.base import TRUNCATION_INFRA
 from digirl_lite.envs.lifecycle import PhaseFailed
 from digirl_lite.judge import JudgeResult
 from digirl_lite.rollout import ScriptedBatchAgent, SyncFleet
+from digirl_lite.rollout.fleet import NoDevicesLeft
 
 ROOT = Path(__file__).resolve().parents[1]
 NASTY = """it's "quoted"; rm -rf / && $(touch PWNED) `touch PWNED` | cat > x %s 100% \\ end"""
@@ -191,10 +192,19 @@ def test_a_lost_device_or_a_blank_screen_is_an_infrastructure_truncation():
     env.reset(task="Go to shop.com")
     *_, trunc, info = env.step(format_action(Action(ActionType.PRESS_BACK)))
     assert trunc and info["truncation"] == TRUNCATION_INFRA and "blank" in info["reason"]
-    # in a fleet: a device that cannot even reset is an infrastructure truncation too
-    fleet = SyncFleet(lambda slot: _env(StandInDevice([WHITE])), 1)
+    # in a fleet: a device that cannot even reset leaves the fleet; the only one gone, the
+    # collection stops saying so (the task was never the agent's to fail, issue 29)
+    fleet = SyncFleet(lambda slot: _env(StandInDevice([WHITE])), 1, quarantine_probe_s=600)
+    with pytest.raises(NoDevicesLeft, match="blank screen after reset") as e:
+        fleet.collect(ScriptedBatchAgent(lambda s: None), ["Go to shop.com"], ScreenTable(),
+                      id_prefix="a")
+    assert e.value.episodes == [] and fleet.stats.quarantined == 1
+    # a device never quarantined (quarantine_after 0) and a task of one attempt: after the
+    # device's free start, the task's one attempt is its infrastructure truncation
+    fleet = SyncFleet(lambda slot: _env(StandInDevice([WHITE])), 1, max_task_attempts=1,
+                      quarantine_after=0)
     eps = fleet.collect(ScriptedBatchAgent(lambda s: None), ["Go to shop.com"], ScreenTable(),
-                        id_prefix="a")
+                        id_prefix="b")
     assert eps[0].trajectory.ending is Ending.INFRA and not eps[0].trajectory.steps
 
 
