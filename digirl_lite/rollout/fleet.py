@@ -171,8 +171,8 @@ class _TaskQueue:
                  retry_unjudged: bool = False, free_starts: bool = False) -> None:
         self._tasks = enumerate(tasks)
         self.max_attempts = max_attempts
-        self.free_starts = free_starts > 0  # a failed start uses up no attempt, once per
-        self._free_used: set[tuple[int, int]] = set()  # (task, device) pair
+        self.free_starts = free_starts
+        self._free_used: set[tuple[int, int]] = set()  # (task, device) starts given free
         self.retry_unjudged = retry_unjudged  # an episode with an unjudged step goes back too
         self._ahead = next(self._tasks, None)  # read one ahead: ``pending`` is always known
         self._retries: list[tuple[int, Any]] = []  # tasks sent back, in order
