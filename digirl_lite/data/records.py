@@ -91,6 +91,10 @@ class Step:
         action_log_probs: each of those tokens' log-probability under the distribution it
             was drawn from (temperature and any grammar mask applied): the behaviour policy's
             per-token log-probabilities of PPO's ratio; empty where unknown or greedy.
+        decided_by: who chose the action when a harness wraps the agent (issue 30):
+            ``"agent"``, ``"rule:<id>"`` (a skill rule acted instead of the agent) or
+            ``"xi:<how>"`` (the action projection changed the agent's output: ``repair``,
+            ``retry``, ``snap``); empty where no harness ran.
 
     Image features are looked up by ``screen_id`` in the :class:`ScreenTable` (stored once
     per screen): ``screens.features([step.screen_id])``.
@@ -111,6 +115,7 @@ class Step:
     policy_version: int = -1
     action_token_ids: tuple[int, ...] = ()
     action_log_probs: tuple[float, ...] = ()
+    decided_by: str = ""
 
     def __post_init__(self) -> None:
         if not math.isfinite(self.reward):

@@ -105,6 +105,7 @@ def _features(feature_dim: int | None) -> dict[str, Any]:
         "next_screen_id": v("string"), "mc_return": v("float64"), "timings_json": v("string"),
         "verdict": v("string"), "judge_reply": v("string"), "policy_version": v("int64"),
         "action_token_ids": ds.List(v("int64")), "action_log_probs": ds.List(v("float32")),
+        "decided_by": v("string"),
     })
     screen_cols = {"screen_id": v("string"), "image": ds.Image(), "source_path": v("string")}
     if feature_dim:
@@ -139,6 +140,7 @@ def _step_row(t: Trajectory, i: int, s: Step) -> dict[str, Any]:
         "judge_reply": s.judge_reply, "policy_version": int(s.policy_version),
         "action_token_ids": list(s.action_token_ids),
         "action_log_probs": list(s.action_log_probs),
+        "decided_by": s.decided_by,
     }
 
 
@@ -160,6 +162,7 @@ def _step_from_row(r: dict[str, Any]) -> Step:
         policy_version=r.get("policy_version", -1),
         action_token_ids=r.get("action_token_ids") or (),
         action_log_probs=r.get("action_log_probs") or (),
+        decided_by=r.get("decided_by") or "",
     )
 
 
@@ -487,7 +490,8 @@ class TrajectoryStore:
                 dset = ds.load_from_disk(str(where))
         except Exception as e:
             raise StoreError(f"cannot read {where}: {type(e).__name__}: {e}") from e
-        added = {"policy_version": -1, "action_token_ids": [], "action_log_probs": []}
+        added = {"policy_version": -1, "action_token_ids": [], "action_log_probs": [],
+                 "decided_by": ""}
         absent = [k for k in added if k not in dset.features]
         if (table == "steps" and absent
                 and set(dset.features) | set(absent) == set(expected)):

@@ -40,6 +40,9 @@ class Observation:
             (equal ids mean identical pixels), else None.
         state: the simulator's ground-truth state (for scripted experts and the oracle;
             None on real devices). Policies must not read it.
+        ui_tree: the screen's UI tree (:class:`~digirl_lite.envs.uitree.UINode` tuple)
+            when the environment reads it (``ui_tree`` on; issue 30), else None. Unlike
+            ``state`` an agent may read it: a real device gives the same.
     """
 
     screenshot: Image.Image
@@ -48,6 +51,7 @@ class Observation:
     step: int = 0
     screen_id: str | None = None
     state: Any = None
+    ui_tree: tuple | None = None
 
 
 @runtime_checkable

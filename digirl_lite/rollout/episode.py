@@ -53,16 +53,19 @@ class SampledAction(str):
 
     token_ids: tuple[int, ...]
     log_probs: tuple[float, ...]
+    decided_by: str
+    """Who chose it under a harness (``Step.decided_by``); empty elsewhere."""
 
     def __new__(cls, text: str, token_ids: Sequence[int] = (),
-                log_probs: Sequence[float] | None = ()) -> SampledAction:
+                log_probs: Sequence[float] | None = (), decided_by: str = "") -> SampledAction:
         self = super().__new__(cls, text)
         self.token_ids = tuple(int(x) for x in token_ids)
         self.log_probs = tuple(float(x) for x in (log_probs or ()))
+        self.decided_by = str(decided_by)
         return self
 
     def __reduce__(self):
-        return (SampledAction, (str(self), self.token_ids, self.log_probs))
+        return (SampledAction, (str(self), self.token_ids, self.log_probs, self.decided_by))
 
 
 class EpisodeRecorder:
@@ -106,6 +109,7 @@ class EpisodeRecorder:
             timings={"policy_s": policy_s, **info.get("timings", {})},
             verdict=Verdict(verdict) if verdict is not None else None,
             judge_reply=info.get("judge_reply"), policy_version=int(policy_version),
+            decided_by=getattr(action_text, "decided_by", ""),
         ))
         self.obs, self.sid = nobs, nsid
         self.states.append(nobs.state)

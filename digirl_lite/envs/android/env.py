@@ -15,6 +15,8 @@ infrastructure truncation) and as a teardown after it; between episodes the mini
 
 from __future__ import annotations
 
+import dataclasses
+
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -43,6 +45,11 @@ from digirl_lite.judge.guards import is_blank
 from digirl_lite.prompts import build_prompt
 
 __all__ = ["AndroidEnv"]
+
+
+def _tree_of(info: dict[str, Any]) -> tuple | None:
+    nodes = info.get("ui_tree")
+    return tuple(nodes) if nodes is not None else None
 
 
 class AndroidEnv:
@@ -179,6 +186,7 @@ class AndroidEnv:
         info = {"task": self.task, "horizon": self.horizon, "reset": self.last_reset,
                 SETUP: "done" if self.setup else None}
         self._read_tree(info)
+        self._obs = dataclasses.replace(self._obs, ui_tree=_tree_of(info))
         return self._obs, info
 
     def _read_tree(self, info: dict[str, Any]) -> None:
@@ -242,7 +250,7 @@ class AndroidEnv:
             return self._infra(info, f"blank screenshot at step {self._steps} after "
                                      f"{self.config.blank_retries} retries")
         self._last_action_text = action_text if action.is_valid else str(action_text)[:300]
-        self._obs = self._observe(img)
+        self._obs = dataclasses.replace(self._observe(img), ui_tree=_tree_of(info))
         t_env = time.perf_counter() - t0
         try:
             result = self._judge(prev, self._obs)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections.abc import Sequence
@@ -219,12 +220,11 @@ class SimPhoneEnv:
         self._last_action_text: str | None = None
         self.judge.reset()
         obs, _ = self._observe()
-        self._obs = obs
         info = {"task": self.task.text, "success": is_success(self.state, self.task),
                 "horizon": self.horizon, "reset": self.last_reset,
                 SETUP: "done" if self.task.setup is not None else None}
-        if self.ui_tree:
-            info["ui_tree"] = ui_nodes(self.state)
+        obs = self._with_tree(obs, info)
+        self._obs = obs
         return obs, info
 
     def load_task(self, task: str | Task | None = None, seed: int | None = None) -> Task:
@@ -367,9 +367,17 @@ class SimPhoneEnv:
         info.update(success=success, verdict=result.verdict, judge_reply=result.reply,
                     judge_skipped=result.skipped,
                     timings={"env_s": t_env, "judge_s": result.latency_s})
-        if self.ui_tree:
-            info["ui_tree"] = ui_nodes(self.state)
+        obs = self._with_tree(obs, info)
+        self._obs = obs
         return obs, reward, terminated, truncated, info
+
+    def _with_tree(self, obs: Observation, info: dict[str, Any]) -> Observation:
+        """With ``ui_tree`` on: the screen's nodes in ``info["ui_tree"]`` and on ``obs``."""
+        if not self.ui_tree:
+            return obs
+        nodes = ui_nodes(self.state)
+        info["ui_tree"] = nodes
+        return dataclasses.replace(obs, ui_tree=tuple(nodes))
 
     def _judge(self, prev: Observation | None, cur: Observation) -> JudgeResult:
         t = time.perf_counter()

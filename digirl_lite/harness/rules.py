@@ -1,0 +1,291 @@
+"""Skills: rules in a small declarative JSON language that act before the agent (issue 30).
+
+A skill is one JSON object per line (blank lines and lines starting with ``#`` are skipped),
+so an error names its line::
+
+    {"id": "dismiss-consent", "when": {"element": {"id": "consent:accept"}}, "do": {"tap": {"id": "consent:accept"}}}
+    {"id": "unstick", "when": {"last_action": "repeated_no_change"}, "do": "back"}
+
+``when`` holds conditions that must all be true (an empty ``when`` is always true):
+
+- ``element``: ``{"id": ..., "text": ..., "clickable": bool}`` a node of the UI tree matches
+  (``id`` exact, or a shell pattern with ``*``; ``text`` a case-insensitive substring);
+- ``absent``: the same form, no node matches;
+- ``text``: some node's text contains this (case-insensitive);
+- ``overlay``: true / false: a dialog is over the screen (a node whose class is a dialog or
+  frame container, other than the full-screen root, drawn over clickable content:
+  :func:`has_overlay`);
+- ``last_action``: ``"unparseable"`` (the previous output did not parse),
+  ``"no_change"`` (the screen did not change after the previous action) or
+  ``"repeated_no_change"`` (the same action twice in a row, the screen unchanged);
+- ``step``: an int (that step index) or ``[min, max]`` (inclusive; either may be null);
+- ``goal``: a case-insensitive substring of the task instruction (a demanding user's
+  addition to the issue's list: a rule for "select the first entry" tasks only).
+
+``do`` is one of ``"back"``, ``"home"``, ``"enter"``, ``"type_goal_text"`` (type the goal's
+quoted text), ``"agent"`` (hand over: the rule only marks the step), or
+``{"tap": {"id": ...}}`` / ``{"tap": {"text": ...}}`` (the first matching node, clickable
+ones first; none matching hands the step to the agent).
+
+A rule that acted and left the screen unchanged does not act again on that screen (the agent
+decides instead): a rule cannot trap an episode in a loop.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from digirl_lite.actions import Action, ActionType, format_action
+
+__all__ = ["Rule", "RuleError", "StepContext", "parse_rules", "parse_rule", "rules_text",
+           "has_overlay", "quoted_text", "LAST_ACTIONS", "DOS"]
+
+LAST_ACTIONS = ("unparseable", "no_change", "repeated_no_change")
+DOS = ("back", "home", "enter", "type_goal_text", "agent")
+CONDITIONS = ("element", "absent", "text", "overlay", "last_action", "step", "goal")
+_MATCH_KEYS = ("id", "text", "clickable")
+_OVERLAY_CLASSES = ("FrameLayout", "Dialog", "PopupWindow", "AlertDialog")
+_QUOTED = re.compile(r"[\"“]([^\"”]+)[\"”]")
+
+
+class RuleError(ValueError):
+    """A rule that does not parse; the message names where (file or proposal) and line."""
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One parsed rule; ``source`` says where it came from (for reports and errors)."""
+
+    id: str
+    when: dict[str, Any]
+    do: Any
+    source: str = ""
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"id": self.id, "when": self.when, "do": self.do}
+
+    def line(self) -> str:
+        return json.dumps(self.as_dict(), sort_keys=False)
+
+
+@dataclass
+class StepContext:
+    """What a rule can look at: the goal, the tree, the step index and the last actions."""
+
+    goal: str
+    nodes: Sequence[Any]
+    step: int
+    last_unparseable: bool = False
+    last_no_change: bool = False
+    last_repeated_no_change: bool = False
+    fired_here: set[str] = field(default_factory=set)
+    """Rules that acted on this very screen already (they do not act again on it)."""
+
+
+def _where(source: str, line: int | None) -> str:
+    return f"{source or 'rules'}" + (f", line {line}" if line is not None else "")
+
+
+def _check_match(spec: Any, where: str, key: str) -> dict[str, Any]:
+    if not isinstance(spec, dict) or not spec:
+        raise RuleError(f"{where}: {key!r} must be an object with some of {_MATCH_KEYS}")
+    bad = [k for k in spec if k not in _MATCH_KEYS]
+    if bad:
+        raise RuleError(f"{where}: {key!r} has unknown key(s) {bad}; use {_MATCH_KEYS}")
+    for k in ("id", "text"):
+        if k in spec and (not isinstance(spec[k], str) or not spec[k]):
+            raise RuleError(f"{where}: {key}.{k} must be a non-empty string")
+    if "clickable" in spec and not isinstance(spec["clickable"], bool):
+        raise RuleError(f"{where}: {key}.clickable must be true or false")
+    return dict(spec)
+
+
+def parse_rule(obj: Any, source: str = "", line: int | None = None) -> Rule:
+    """One rule from its JSON object.
+
+    Raises:
+        RuleError: what is wrong, with ``source`` and ``line``.
+    """
+    where = _where(source, line)
+    if not isinstance(obj, dict):
+        raise RuleError(f"{where}: a rule is a JSON object, got {type(obj).__name__}")
+    unknown = [k for k in obj if k not in ("id", "when", "do")]
+    if unknown:
+        raise RuleError(f"{where}: unknown key(s) {unknown}; a rule has id, when, do")
+    rid = obj.get("id")
+    if not isinstance(rid, str) or not rid.strip():
+        raise RuleError(f"{where}: a rule needs an \"id\" (a non-empty string)")
+    when = obj.get("when", {})
+    if not isinstance(when, dict):
+        raise RuleError(f"{where}: rule {rid!r}: \"when\" must be an object")
+    for k, v in when.items():
+        if k not in CONDITIONS:
+            raise RuleError(f"{where}: rule {rid!r}: unknown condition {k!r}; use {CONDITIONS}")
+        if k in ("element", "absent"):
+            _check_match(v, f"{where}: rule {rid!r}", k)
+        elif k in ("text", "goal") and (not isinstance(v, str) or not v):
+            raise RuleError(f"{where}: rule {rid!r}: {k!r} must be a non-empty string")
+        elif k == "overlay" and not isinstance(v, bool):
+            raise RuleError(f"{where}: rule {rid!r}: \"overlay\" must be true or false")
+        elif k == "last_action" and v not in LAST_ACTIONS:
+            raise RuleError(f"{where}: rule {rid!r}: last_action {v!r} is not one of "
+                            f"{LAST_ACTIONS}")
+        elif k == "step":
+            ok = (isinstance(v, int) and not isinstance(v, bool) and v >= 0) or (
+                isinstance(v, list) and len(v) == 2
+                and all(x is None or (isinstance(x, int) and not isinstance(x, bool))
+                        for x in v))
+            if not ok:
+                raise RuleError(f"{where}: rule {rid!r}: \"step\" must be an int >= 0 or "
+                                "[min, max]")
+    if "do" not in obj:
+        raise RuleError(f"{where}: rule {rid!r} has no \"do\"")
+    do = obj["do"]
+    if isinstance(do, str):
+        if do not in DOS:
+            raise RuleError(f"{where}: rule {rid!r}: do {do!r} is not one of {DOS} or "
+                            "{\"tap\": {...}}")
+    elif isinstance(do, dict) and list(do) == ["tap"]:
+        spec = _check_match(do["tap"], f"{where}: rule {rid!r}", "tap")
+        if "id" not in spec and "text" not in spec:
+            raise RuleError(f"{where}: rule {rid!r}: tap needs an id or a text")
+    else:
+        raise RuleError(f"{where}: rule {rid!r}: do must be one of {DOS} or "
+                        "{\"tap\": {\"id\" or \"text\": ...}}")
+    return Rule(rid.strip(), dict(when), do, source)
+
+
+def parse_rules(text: str, source: str = "skills", first_line: int = 1) -> list[Rule]:
+    """Every rule of ``text`` (one JSON object per line). Ids must be unique.
+
+    Raises:
+        RuleError: the first line that does not parse, named by ``source`` and its line
+            number (``first_line`` is the number of the text's first line in its file).
+    """
+    if not isinstance(text, str):
+        raise RuleError(f"{source}: skills must be text, got {type(text).__name__}")
+    out: list[Rule] = []
+    seen: dict[str, int] = {}
+    for i, raw in enumerate(text.splitlines()):
+        line = raw.strip()
+        n = first_line + i
+        if not line or line.startswith("#"):
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise RuleError(f"{_where(source, n)}: not JSON ({e.msg}, column {e.colno}): "
+                            f"{line[:120]!r}") from None
+        rule = parse_rule(obj, source, n)
+        if rule.id in seen:
+            raise RuleError(f"{_where(source, n)}: rule id {rule.id!r} is already used on "
+                            f"line {seen[rule.id]}")
+        seen[rule.id] = n
+        out.append(rule)
+    return out
+
+
+def rules_text(rules: Sequence[Rule]) -> str:
+    return "".join(r.line() + "\n" for r in rules)
+
+
+def _matches(node: Any, spec: dict[str, Any]) -> bool:
+    if "id" in spec:
+        pat = spec["id"]
+        if not (fnmatch.fnmatchcase(node.id, pat) if "*" in pat else node.id == pat):
+            return False
+    if "text" in spec and spec["text"].lower() not in (node.text or "").lower():
+        return False
+    if "clickable" in spec and bool(node.clickable) != spec["clickable"]:
+        return False
+    return True
+
+
+def find_node(nodes: Sequence[Any], spec: dict[str, Any]) -> Any | None:
+    """The first node matching ``spec``, clickable nodes first."""
+    hits = [n for n in nodes if _matches(n, spec)]
+    for n in hits:
+        if n.clickable:
+            return n
+    return hits[0] if hits else None
+
+
+def has_overlay(nodes: Sequence[Any]) -> bool:
+    """A dialog over the screen: a container node (a dialog or frame layout class) drawn
+    after (over) some clickable node. The screen's own root container comes first, so it
+    never counts; on a real device a frame nested inside the content can (a heuristic: a
+    rule that needs certainty names the dialog's element instead)."""
+    seen_clickable = False
+    for n in nodes:
+        if seen_clickable and n.cls.rsplit(".", 1)[-1] in _OVERLAY_CLASSES:
+            return True
+        seen_clickable = seen_clickable or bool(n.clickable)
+    return False
+
+
+def quoted_text(goal: str) -> str | None:
+    """The goal's first quoted text (``search for "usb c cable"`` -> ``usb c cable``)."""
+    m = _QUOTED.search(goal or "")
+    return m.group(1).strip() if m else None
+
+
+def _holds(rule: Rule, ctx: StepContext) -> bool:
+    for k, v in rule.when.items():
+        if k == "element" and find_node(ctx.nodes, v) is None:
+            return False
+        if k == "absent" and find_node(ctx.nodes, v) is not None:
+            return False
+        if k == "text" and not any(v.lower() in (n.text or "").lower() for n in ctx.nodes):
+            return False
+        if k == "overlay" and has_overlay(ctx.nodes) != v:
+            return False
+        if k == "last_action" and not {"unparseable": ctx.last_unparseable,
+                                        "no_change": ctx.last_no_change,
+                                        "repeated_no_change": ctx.last_repeated_no_change}[v]:
+            return False
+        if k == "step":
+            lo, hi = (v, v) if isinstance(v, int) else v
+            if (lo is not None and ctx.step < lo) or (hi is not None and ctx.step > hi):
+                return False
+        if k == "goal" and v.lower() not in ctx.goal.lower():
+            return False
+    return True
+
+
+def _tap_action(node: Any, width: int, height: int) -> Action:
+    x, y = node.center
+    return Action.tap(x=round(min(max(x / width, 0.0), 1.0), 4),
+                      y=round(min(max(y / height, 0.0), 1.0), 4))
+
+
+def decide(rules: Sequence[Rule], ctx: StepContext, width: int, height: int
+           ) -> tuple[Rule, str | None] | None:
+    """The first rule whose conditions hold and that can act: ``(rule, action text)``;
+    the text is None for ``"agent"`` (the rule hands over). None when no rule holds."""
+    for rule in rules:
+        if rule.id in ctx.fired_here or not _holds(rule, ctx):
+            continue
+        do = rule.do
+        if do == "agent":
+            return rule, None
+        if do == "back":
+            return rule, format_action(Action.key(ActionType.PRESS_BACK))
+        if do == "home":
+            return rule, format_action(Action.key(ActionType.PRESS_HOME))
+        if do == "enter":
+            return rule, format_action(Action.key(ActionType.PRESS_ENTER))
+        if do == "type_goal_text":
+            q = quoted_text(ctx.goal)
+            if q is None:
+                continue  # nothing to type: the rule cannot act
+            return rule, format_action(Action.type_text(q))
+        node = find_node(ctx.nodes, do["tap"])
+        if node is None:
+            continue
+        return rule, format_action(_tap_action(node, width, height))
+    return None
