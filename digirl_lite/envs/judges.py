@@ -118,7 +118,7 @@ def probe_judge(config: dict[str, Any] | None, timeout_s: float = 10.0) -> None:
 
 def make_judge(config: dict[str, Any] | None = None):
     from digirl_lite.envs.sim.oracle import EnvJudge, NoisyOracleJudge, OracleJudge
-    from digirl_lite.judge.backends import GeminiBackend, OpenAIBackend
+    from digirl_lite.judge.backends import make_backend
     from digirl_lite.judge.guards import GuardedJudge
     from digirl_lite.judge.paper import FewShotSet, PaperJudge
 
@@ -132,14 +132,8 @@ def make_judge(config: dict[str, Any] | None = None):
     elif kind == "noisy_oracle":
         judge = NoisyOracleJudge(**cfg)
     elif kind == "paper":
-        b = dict(cfg.pop("backend", {}))
-        name = b.pop("backend", "gemini")
-        if name == "gemini":
-            backend = GeminiBackend(**b)
-        elif name == "openai":
-            backend = OpenAIBackend(**b)
-        else:
-            raise ValueError(f"unknown judge backend {name!r} (gemini, openai)")
+        # gemini when the config names no backend (as check_judge reads it)
+        backend = make_backend({"backend": "gemini", **dict(cfg.pop("backend", {}))})
         examples = cfg.pop("examples", None)
         if isinstance(examples, list):  # a saved config lists the example images
             raise ValueError("give 'examples' as the few-shot folder, not a list of images")

@@ -23,7 +23,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from PIL import Image
 
 __all__ = ["Backend", "BackendReply", "BackendError", "GeminiBackend", "OpenAIBackend",
-           "png_bytes"]
+           "BACKENDS", "make_backend", "png_bytes"]
 
 RETRYABLE_STATUS = frozenset({408, 409, 425, 429, 500, 502, 503, 504})
 
@@ -229,3 +229,42 @@ class OpenAIBackend:
             raise BackendError("OpenAI-compatible reply is not a chat completion",
                                retryable=True) from None
         return BackendReply(text=str(text), tokens=tokens)
+
+
+BACKENDS = {"gemini": GeminiBackend, "openai": OpenAIBackend}
+
+
+def make_backend(cfg: dict[str, Any]) -> Backend:
+    """A backend from its config (what :meth:`config` returns, so configs round-trip)::
+
+        make_backend({"backend": "gemini", "model": "gemini-1.5-pro"})
+        make_backend({"backend": "openai", "model": "Qwen2-VL-7B",
+                      "base_url": "http://127.0.0.1:8000/v1", "api_key_env": None})
+
+    The one way every part of the library builds a backend (the judge's factory, the
+    harness's prompted agent and LLM proposer). Nothing is requested and no key is read
+    here: the client is made on the first request.
+
+    Raises:
+        ValueError: ``backend`` missing or not one of :data:`BACKENDS`, or a key the
+            backend does not take (each named).
+    """
+    import inspect
+
+    if not isinstance(cfg, dict):
+        raise ValueError(f"a backend config is a dict {{\"backend\": \"gemini\" | \"openai\", "
+                         f"...}}, got {type(cfg).__name__}")
+    kw = dict(cfg)
+    name = kw.pop("backend", None)
+    if name not in BACKENDS:
+        raise ValueError(f"backend config: field 'backend' is {name!r}, not one of "
+                         f"{sorted(BACKENDS)}")
+    cls = BACKENDS[name]
+    known = [p for p in inspect.signature(cls.__init__).parameters if p != "self"]
+    bad = [k for k in kw if k not in known]
+    if bad:
+        raise ValueError(f"backend config ({name}): unknown field(s) {bad}; known: {known}")
+    if name == "openai" and not kw.get("model"):
+        raise ValueError("backend config (openai): field 'model' (the served model's name) "
+                         "is required")
+    return cls(**kw)
