@@ -6,7 +6,8 @@ every proposer has (issue 30, item 3).
   never solved, from the simulator's expert or a user's demonstrations) and self-derived
   (the agent's own pass contrasted with its failure on the same task).
 - :class:`Memory`: the shared memory K_g (failure themes, what worked, what regressed),
-  aggregated after each generation (:meth:`Memory.aggregate`), read by the proposer.
+  aggregated after each generation (:meth:`Memory.aggregate`), read by the proposer (an LLM
+  proposer puts only the newest entries in its prompt).
 - :class:`Proposer`: ``propose(components, evidence, memory) -> list[Edit]``; a reply that is
   not a valid edit raises :class:`ProposalError` (the loop records a rejected child and goes
   on).
@@ -84,7 +85,7 @@ class Memory:
     themes: Counter = field(default_factory=Counter)
     worked: list[dict[str, Any]] = field(default_factory=list)
     regressed: list[dict[str, Any]] = field(default_factory=list)
-    keep: int = 20
+    keep: int = 200
 
     def aggregate(self, evidence: Sequence[Evidence], worked: Sequence[dict[str, Any]] = (),
                   regressed: Sequence[dict[str, Any]] = ()) -> Memory:
@@ -105,7 +106,7 @@ class Memory:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Memory:
         return cls(Counter(d.get("themes") or {}), list(d.get("worked") or []),
-                   list(d.get("regressed") or []), int(d.get("keep", 20)))
+                   list(d.get("regressed") or []), int(d.get("keep", 200)))
 
 
 class Proposer(Protocol):

@@ -3,7 +3,7 @@
 The evolvable parts are named text components, a ``dict[str, str]`` (the form GEPA
 optimises, :mod:`digirl_lite.harness.darwinx`):
 
-- ``system_prompt``: what a prompted agent (:mod:`digirl_lite.harness.prompted`) is told;
+- ``system_prompt``: what a prompted agent (:mod:`digirl_lite.harness.llm`) is told;
 - ``psi`` (context processing, JSON): ``history`` (how many previous actions a prompted
   agent reads), ``tree`` (whether it reads the UI tree), ``max_nodes``;
 - ``xi`` (action projection, JSON): ``repair`` (rebuild an output that does not parse from

@@ -3,14 +3,16 @@
 A skill is one JSON object per line (blank lines and lines starting with ``#`` are skipped),
 so an error names its line::
 
-    {"id": "dismiss-consent", "when": {"element": {"id": "consent:accept"}}, "do": {"tap": {"id": "consent:accept"}}}
+    {"id": "ok", "when": {"element": {"id": "consent:accept"}}, "do": "enter"}
     {"id": "unstick", "when": {"last_action": "repeated_no_change"}, "do": "back"}
 
 ``when`` holds conditions that must all be true (an empty ``when`` is always true):
 
-- ``element``: ``{"id": ..., "text": ..., "clickable": bool}`` a node of the UI tree matches
-  (``id`` exact, or a shell pattern with ``*``; ``text`` a case-insensitive substring);
-- ``absent``: the same form, no node matches;
+- ``element``: ``{"id": ..., "text": ..., "clickable": bool, "focused": bool}`` a node of
+  the UI tree matches (``id`` exact, or a shell pattern with ``*``; ``text`` a
+  case-insensitive substring, ``"$goal_text"`` standing for the goal's quoted text), or a
+  list of such objects, each matched by some node;
+- ``absent``: the same form (or a list), no node matches (any of them);
 - ``text``: some node's text contains this (case-insensitive);
 - ``overlay``: true / false: a dialog is over the screen (a node whose class is a dialog or
   frame container, other than the full-screen root, drawn over clickable content:
@@ -43,12 +45,14 @@ from typing import Any
 from digirl_lite.actions import Action, ActionType, format_action
 
 __all__ = ["Rule", "RuleError", "StepContext", "parse_rules", "parse_rule", "rules_text",
-           "has_overlay", "quoted_text", "LAST_ACTIONS", "DOS"]
+           "has_overlay", "quoted_text", "find_node", "decide", "LAST_ACTIONS", "DOS",
+           "GOAL_TEXT"]
 
 LAST_ACTIONS = ("unparseable", "no_change", "repeated_no_change")
 DOS = ("back", "home", "enter", "type_goal_text", "agent")
 CONDITIONS = ("element", "absent", "text", "overlay", "last_action", "step", "goal")
-_MATCH_KEYS = ("id", "text", "clickable")
+_MATCH_KEYS = ("id", "text", "clickable", "focused")
+GOAL_TEXT = "$goal_text"
 _OVERLAY_CLASSES = ("FrameLayout", "Dialog", "PopupWindow", "AlertDialog")
 _QUOTED = re.compile(r"[\"“]([^\"”]+)[\"”]")
 
@@ -100,8 +104,9 @@ def _check_match(spec: Any, where: str, key: str) -> dict[str, Any]:
     for k in ("id", "text"):
         if k in spec and (not isinstance(spec[k], str) or not spec[k]):
             raise RuleError(f"{where}: {key}.{k} must be a non-empty string")
-    if "clickable" in spec and not isinstance(spec["clickable"], bool):
-        raise RuleError(f"{where}: {key}.clickable must be true or false")
+    for k in ("clickable", "focused"):
+        if k in spec and not isinstance(spec[k], bool):
+            raise RuleError(f"{where}: {key}.{k} must be true or false")
     return dict(spec)
 
 
@@ -127,7 +132,8 @@ def parse_rule(obj: Any, source: str = "", line: int | None = None) -> Rule:
         if k not in CONDITIONS:
             raise RuleError(f"{where}: rule {rid!r}: unknown condition {k!r}; use {CONDITIONS}")
         if k in ("element", "absent"):
-            _check_match(v, f"{where}: rule {rid!r}", k)
+            for spec in (v if isinstance(v, list) and v else [v]):
+                _check_match(spec, f"{where}: rule {rid!r}", k)
         elif k in ("text", "goal") and (not isinstance(v, str) or not v):
             raise RuleError(f"{where}: rule {rid!r}: {k!r} must be a non-empty string")
         elif k == "overlay" and not isinstance(v, bool):
@@ -194,21 +200,29 @@ def rules_text(rules: Sequence[Rule]) -> str:
     return "".join(r.line() + "\n" for r in rules)
 
 
-def _matches(node: Any, spec: dict[str, Any]) -> bool:
+def _matches(node: Any, spec: dict[str, Any], goal: str = "") -> bool:
     if "id" in spec:
         pat = spec["id"]
         if not (fnmatch.fnmatchcase(node.id, pat) if "*" in pat else node.id == pat):
             return False
-    if "text" in spec and spec["text"].lower() not in (node.text or "").lower():
-        return False
-    if "clickable" in spec and bool(node.clickable) != spec["clickable"]:
-        return False
+    if "text" in spec:
+        want = spec["text"]
+        if want == GOAL_TEXT:
+            want = quoted_text(goal)
+            if want is None:
+                return False
+        if want.lower() not in (node.text or "").lower():
+            return False
+    for k in ("clickable", "focused"):
+        if k in spec and bool(getattr(node, k)) != spec[k]:
+            return False
     return True
 
 
-def find_node(nodes: Sequence[Any], spec: dict[str, Any]) -> Any | None:
-    """The first node matching ``spec``, clickable nodes first."""
-    hits = [n for n in nodes if _matches(n, spec)]
+def find_node(nodes: Sequence[Any], spec: dict[str, Any], goal: str = "") -> Any | None:
+    """The first node matching ``spec`` (``goal``: the task, for ``"$goal_text"``),
+    clickable nodes first."""
+    hits = [n for n in nodes if _matches(n, spec, goal)]
     for n in hits:
         if n.clickable:
             return n
@@ -236,9 +250,11 @@ def quoted_text(goal: str) -> str | None:
 
 def _holds(rule: Rule, ctx: StepContext) -> bool:
     for k, v in rule.when.items():
-        if k == "element" and find_node(ctx.nodes, v) is None:
+        if k == "element" and any(find_node(ctx.nodes, spec, ctx.goal) is None
+                                   for spec in (v if isinstance(v, list) else [v])):
             return False
-        if k == "absent" and find_node(ctx.nodes, v) is not None:
+        if k == "absent" and any(find_node(ctx.nodes, spec, ctx.goal) is not None
+                                 for spec in (v if isinstance(v, list) else [v])):
             return False
         if k == "text" and not any(v.lower() in (n.text or "").lower() for n in ctx.nodes):
             return False
@@ -284,7 +300,7 @@ def decide(rules: Sequence[Rule], ctx: StepContext, width: int, height: int
             if q is None:
                 continue  # nothing to type: the rule cannot act
             return rule, format_action(Action.type_text(q))
-        node = find_node(ctx.nodes, do["tap"])
+        node = find_node(ctx.nodes, do["tap"], ctx.goal)
         if node is None:
             continue
         return rule, format_action(_tap_action(node, width, height))

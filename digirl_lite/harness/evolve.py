@@ -1,0 +1,387 @@
+"""One harness-evolution run from a config: the frozen agent's held-out success, DarwinX on
+the evolution set, then the evolved harness's held-out success (``recipes/evolve_harness.py``).
+
+Every part is built from :class:`EvolveConfig`; a config that cannot work stops before any
+episode with a message naming the field. The run folder holds ``summary.json`` (held-out
+success per stage, in the Trainer's stage format so the grid runner's tables read it),
+``metrics.jsonl``, the DarwinX run (``darwinx/``: ``archive.json``, ``generations.jsonl``,
+``episodes.jsonl``), ``report.md`` and ``lineage.png``. ``resume`` replays a killed run from
+its cache (:mod:`digirl_lite.harness.darwinx`).
+
+Stages (pass@1 on the first ``eval_tasks`` test tasks, one episode each, the same seeds for
+every stage): ``frozen`` (H0: the agent alone), ``frozen_constrained`` (H0, the policy's
+grammar mask on every step: the decoding baseline; a policy agent only) and ``evolved``
+(the variant DarwinX ends with: the confirmed variant of largest lineage gain G).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from digirl_lite.errors import ConfigError
+
+__all__ = ["EvolveConfig", "run_evolution", "QUICK", "lineage_lines"]
+
+QUICK = {"budget": 160, "evo_tasks": 6, "eval_tasks": 16, "k_screen": 2, "k_confirm": 2,
+         "probe_k": 2, "n_envs": 8}
+
+
+@dataclass
+class EvolveConfig:
+    """A harness-evolution run.
+
+    Attributes:
+        world: "webshop" or "general" (the simulated phone's task sets).
+        seed: seeds the evolution tasks, GEPA's and the parent sampling's draws, and the
+            episodes' seeds.
+        agent: "policy" (the shipped starting policy, or ``starting_policy``, frozen) or
+            "prompted" (a VLM behind ``agent_backend``).
+        starting_policy: a saved policy's directory (None: the shipped one of ``world``).
+        agent_backend: the prompted agent's backend (``{"backend": "gemini" | "openai",
+            ...}``, :func:`digirl_lite.judge.backends.make_backend`).
+        proposer: "scripted" or "llm" (``proposer_backend``).
+        accept: "gate" (DarwinX), "minibatch_sum" (GEPA's default) or "all".
+        budget: episodes the evolution may use (screening, probes, confirmations, teacher).
+        evo_tasks: evolution tasks, written from the simulator's descriptions.
+        k_screen, k_confirm, probe_k: avg@k to screen, to confirm, and per probed task.
+        delta: the regression R a promoted child may have (in tasks' worth of solve rate).
+        beta: the Broaden share of parent sampling.
+        eval_tasks: held-out test tasks (the first N of the world's test list).
+        n_envs: simulated phones; fleet: "sync" or "process".
+        temperature: the policy's sampling temperature (the project's evaluations: 1.0).
+        env: extra SimPhoneEnv fields (e.g. {"day": 6} for a drift day).
+    """
+
+    world: str = "webshop"
+    seed: int = 0
+    agent: str = "policy"
+    starting_policy: str | None = None
+    agent_backend: dict[str, Any] | None = None
+    proposer: str = "scripted"
+    proposer_backend: dict[str, Any] | None = None
+    accept: str = "gate"
+    budget: int = 1500
+    evo_tasks: int = 24
+    k_screen: int = 3
+    k_confirm: int = 5
+    probe_k: int = 3
+    delta: float = 1.0
+    beta: float = 0.2
+    eval_tasks: int = 96
+    n_envs: int = 16
+    fleet: str = "sync"
+    temperature: float = 1.0
+    env: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def fields(cls) -> list[str]:
+        return [f.name for f in dataclasses.fields(cls)]
+
+    def check(self) -> None:
+        """Every field that cannot work, before anything runs."""
+        from digirl_lite.harness.darwinx import ACCEPT_MODES
+
+        def bad(name: str, why: str) -> None:
+            raise ConfigError(f"{name}: {why}")
+
+        if self.world not in ("webshop", "general"):
+            bad("world", f"{self.world!r} is not 'webshop' or 'general'")
+        if self.agent not in ("policy", "prompted"):
+            bad("agent", f"{self.agent!r} is not 'policy' or 'prompted'")
+        if self.agent == "prompted" and not self.agent_backend:
+            bad("agent_backend", "a prompted agent needs a backend ({\"backend\": \"gemini\" "
+                "| \"openai\", ...})")
+        if self.proposer not in ("scripted", "llm"):
+            bad("proposer", f"{self.proposer!r} is not 'scripted' or 'llm'")
+        if self.proposer == "llm" and not self.proposer_backend:
+            bad("proposer_backend", "the LLM proposer needs a backend")
+        if self.accept not in ACCEPT_MODES:
+            bad("accept", f"{self.accept!r} is not one of {ACCEPT_MODES}")
+        for name in ("budget", "evo_tasks", "k_screen", "k_confirm", "probe_k", "eval_tasks",
+                     "n_envs"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                bad(name, f"must be an int >= 1, got {v!r}")
+        if not 0 <= self.beta <= 1:
+            bad("beta", f"must be in [0, 1], got {self.beta}")
+        if self.delta < 0:
+            bad("delta", f"must be >= 0, got {self.delta}")
+        if self.fleet not in ("sync", "process"):
+            bad("fleet", f"{self.fleet!r} is not 'sync' or 'process'")
+        if self.starting_policy is not None and not Path(self.starting_policy).expanduser() \
+                .is_dir():
+            bad("starting_policy", f"{self.starting_policy!r} is not a directory")
+        for name in ("agent_backend", "proposer_backend"):
+            b = getattr(self, name)
+            if b:
+                from digirl_lite.judge.backends import make_backend
+
+                try:
+                    make_backend(dict(b))
+                except ValueError as e:
+                    bad(name, str(e))
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> EvolveConfig:
+        unknown = sorted(set(d) - set(cls.fields()))
+        if unknown:
+            raise ConfigError(f"unknown field(s) {unknown}; known: {cls.fields()}")
+        return cls(**d)
+
+
+def _agent_factory(cfg: EvolveConfig):
+    """``(components, screens) -> HarnessAgent`` and the constrained-decoding baseline."""
+    from digirl_lite.harness.harness import HarnessAgent, PolicyAgent
+
+    if cfg.agent == "prompted":
+        from digirl_lite.harness.llm import PromptedAgent
+
+        agent = PromptedAgent(dict(cfg.agent_backend))
+
+        def make(components, screens):
+            return HarnessAgent(components, agent)
+        return make, None, None
+    from digirl_lite.paths import data_dir
+    from digirl_lite.policy.factory import load_policy
+    from digirl_lite.vision import FeatureCache, SimScreenEncoder
+
+    path = Path(cfg.starting_policy).expanduser() if cfg.starting_policy else \
+        data_dir() / "policies" / f"sft-{cfg.world}"
+    policy = load_policy(path)
+    features = FeatureCache(SimScreenEncoder(dim=policy.img_dim, seed=0))
+
+    def make(components, screens):
+        return HarnessAgent(components, PolicyAgent(policy, features, screens,
+                                                    cfg.temperature))
+
+    def make_constrained(components, screens):
+        return HarnessAgent(components, PolicyAgent(policy, features, screens,
+                                                    cfg.temperature, constrained=True))
+    return make, make_constrained, str(path)
+
+
+def _proposer(cfg: EvolveConfig, out: Path):
+    if cfg.proposer == "llm":
+        from digirl_lite.harness.llm import LLMProposer
+
+        return LLMProposer(dict(cfg.proposer_backend), cache_path=out / "proposer.jsonl")
+    from digirl_lite.harness.proposers import ScriptedProposer
+
+    return ScriptedProposer()
+
+
+def _held_out(fleet, make, components, tasks, seed: int) -> dict[str, Any]:
+    """pass@1 on ``tasks``: summarize()'s record plus who decided the steps."""
+    import torch
+
+    from digirl_lite.data.records import ScreenTable
+    from digirl_lite.harness.harness import decision_shares
+    from digirl_lite.train.evaluate import evaluate
+
+    screens = ScreenTable()
+    torch.manual_seed(seed)
+    summary, episodes = evaluate(fleet, make(components, screens), tasks, seed=seed,
+                                 screens=screens, n_tasks=None)
+    summary["decided"] = decision_shares([e.trajectory for e in episodes])
+    summary["per_task"] = {e.trajectory.task: (None if not e.trajectory.is_usable
+                                                else bool(e.trajectory.is_success))
+                           for e in episodes}
+    return summary
+
+
+def lineage_lines(archive: Any) -> list[str]:
+    """The archive as an indented tree, one line per node (accepted ones marked *)."""
+    kids: dict[str | None, list[Any]] = {}
+    for n in archive.nodes:
+        kids.setdefault(n.parent, []).append(n)
+    lines: list[str] = []
+
+    def walk(n: Any, depth: int) -> None:
+        mark = "*" if n.accepted else " "
+        what = "; ".join(f"{e['kind']}: {e['content'][:70]}" for e in n.edits) or "H0"
+        conf = (f", confirm {sum(n.confirm.values()) / len(n.confirm):.2f}"
+                if n.confirm else "")
+        lines.append(f"{'  ' * depth}{mark} {n.id} g{n.generation} {n.kind} g={n.g:+.2f} "
+                     f"R={n.R:.2f} G={n.G:.2f}{conf} | {what} | {n.reason[:60]}")
+        for c in kids.get(n.id, []):
+            walk(c, depth + 1)
+
+    for root in kids.get(None, []):
+        walk(root, 0)
+    return lines
+
+
+def _draw(archive: Any, path: Path, gens: list[dict[str, Any]]) -> None:
+    """lineage.png: the tree (accepted nodes filled) and the screening avg@k per
+    generation with the best accepted variant's so far."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(12, 5))
+    depth: dict[str, int] = {}
+    for n in archive.nodes:
+        depth[n.id] = 0 if n.parent is None else depth.get(n.parent, 0) + 1
+    pos = {n.id: (n.generation, depth[n.id]) for n in archive.nodes}
+    for n in archive.nodes:
+        if n.parent is not None and n.parent in pos:
+            (x0, y0), (x1, y1) = pos[n.parent], pos[n.id]
+            a1.plot([x0, x1], [y0, y1], color="0.7", lw=1, zorder=1)
+    for n in archive.nodes:
+        x, y = pos[n.id]
+        a1.scatter([x], [y], s=60, zorder=2,
+                   c="tab:green" if n.accepted else "white",
+                   edgecolors={"improver": "tab:green", "neutral": "tab:blue",
+                               "stepping_stone": "tab:orange", "root": "k"}.get(n.kind, "0.5"))
+    a1.set_xlabel("generation")
+    a1.set_ylabel("depth in the lineage")
+    a1.set_title("archive (filled: accepted)")
+    xs = [g["generation"] for g in gens]
+    a2.plot(xs, [g["screen_mean"] for g in gens], "o", color="0.6", label="child avg@k")
+    best, ys = None, []
+    for g in gens:
+        if g["accepted"]:
+            best = g["screen_mean"] if best is None else max(best, g["screen_mean"])
+        ys.append(best)
+    a2.plot(xs, ys, "-", color="tab:green", label="best accepted so far")
+    a2.set_xlabel("generation")
+    a2.set_ylabel("avg@k on the evolution set")
+    a2.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+def run_evolution(cfg: EvolveConfig, out: str | Path, resume: bool = False,
+                  log: Any = print) -> dict[str, Any]:
+    """The whole run; returns (and writes) ``summary.json``'s content."""
+    from digirl_lite.envs.sim.agents import ScriptedExpert
+    from digirl_lite.envs.sim.env import SimEnvFactory, SimPhoneEnv
+    from digirl_lite.harness.darwinx import Archive, DarwinX, select_parent
+    from digirl_lite.harness.harness import H0_COMPONENTS, Harness
+    from digirl_lite.harness.runner import HarnessRunner, evolution_tasks
+    from digirl_lite.rollout.factory import make_fleet
+    from digirl_lite.rollout.fleet import ScriptedBatchAgent
+
+    cfg.check()
+    out = Path(out)
+    if out.exists() and any(out.iterdir()) and not resume:
+        raise ConfigError(f"--out {out} is not empty: pass --resume to continue the run there "
+                          "or choose another folder")
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.time()
+    test = [t.text for t in SimPhoneEnv._load_task_list(f"{cfg.world}_test")]
+    evo = evolution_tasks(cfg.world, cfg.evo_tasks, seed=cfg.seed, exclude=test)
+    held = test[:cfg.eval_tasks]
+    make, make_constrained, policy_path = _agent_factory(cfg)
+    fleet = make_fleet(cfg.fleet, SimEnvFactory(tasks=cfg.world, ui_tree=True, **cfg.env),
+                       cfg.n_envs)
+    metrics = out / "metrics.jsonl"
+    summary: dict[str, Any] = {"config": cfg.as_dict(), "stages": {}, "evolution_tasks": evo,
+                               "policy": policy_path, "kind": "evolve_harness"}
+    prev = out / "summary.partial.json"
+    if resume and prev.is_file():
+        summary["stages"] = json.loads(prev.read_text()).get("stages", {})
+
+    def stage(name: str, maker, components) -> None:
+        if name in summary["stages"]:
+            return
+        rep = _held_out(fleet, maker, components, held, 10_000 + 1000 * cfg.seed)
+        summary["stages"][name] = rep
+        prev.write_text(json.dumps(summary, indent=1, default=float))
+        with open(metrics, "a") as f:
+            f.write(json.dumps({"stage": f"eval:{name}", "success_rate": rep["success_rate"],
+                                "ci95": rep["ci95"], "decided": rep["decided"],
+                                "online_trajectories": 0, "t": time.time()}) + "\n")
+        log(f"{name}: {100 * rep['success_rate']:.1f}% held-out "
+            f"({rep['successes']}/{rep['judged_episodes']}), steps decided by rules "
+            f"{100 * rep['decided']['rule']:.1f}%, by xi {100 * rep['decided']['xi']:.1f}%")
+
+    base = dict(H0_COMPONENTS)
+    stage("frozen", make, base)
+    if make_constrained is not None:
+        stage("frozen_constrained", make_constrained, base)
+    (out / "checkpoints").mkdir(exist_ok=True)
+    (out / "checkpoints" / "latest").write_text("darwinx/archive.json\n")  # for grid.py
+    teacher = ScriptedBatchAgent(lambda slot: ScriptedExpert())
+    runner = HarnessRunner(make, fleet, out / "darwinx" / "episodes.jsonl", teacher)
+
+    def on_gen(line: dict[str, Any]) -> None:
+        log(f"generation {line['generation']}: {'accepted' if line['accepted'] else 'rejected'}"
+            f" ({line['kind']}; g {line['g']:+.2f}, R {line['R']:.2f}; {line['reason'][:70]})"
+            f" episodes {line['episodes']}/{cfg.budget}")
+
+    dx = DarwinX(runner, _proposer(cfg, out), evo, out / "darwinx", budget=cfg.budget,
+                 k_screen=cfg.k_screen, k_confirm=cfg.k_confirm, delta=cfg.delta,
+                 beta=cfg.beta, accept=cfg.accept, probe_k=cfg.probe_k, seed=cfg.seed,
+                 on_generation=on_gen)
+    archive: Archive = dx.run()
+    import random
+
+    best = select_parent(archive, 0.0, random.Random(0))
+    evolved = Harness.from_dict(best.harness)
+    stage("evolved", make, evolved.components)
+    gens = [json.loads(line) for line in (out / "darwinx" / "generations.jsonl").read_text()
+            .splitlines() if line.strip()]
+    root = archive.nodes[0]
+    root_solved = {t for t, p in (root.confirm or {}).items() if p >= 0.5}
+    best_solved = {t for t, p in (best.confirm or {}).items() if p >= 0.5}
+    frozen_pt, evolved_pt = (summary["stages"]["frozen"]["per_task"],
+                             summary["stages"]["evolved"]["per_task"])
+    summary["evolution"] = {
+        "best": best.id, "best_G": best.G, "generations": len(gens),
+        "accepted": sum(g["accepted"] for g in gens), "episodes": dx.episodes,
+        "kinds": {k: sum(g["kind"] == k for g in gens) for k in
+                  ("improver", "neutral", "stepping_stone", "archived")},
+        "root_confirm_mean": _mean(root.confirm), "best_confirm_mean": _mean(best.confirm),
+        "root_solved_lost": sorted(root_solved - best_solved),
+        "held_out_lost": sorted(t for t, v in frozen_pt.items() if v and evolved_pt.get(t)
+                                is False),
+        "held_out_gained": sorted(t for t, v in evolved_pt.items() if v and frozen_pt.get(t)
+                                  is False),
+        "edits": [e.as_dict() for e in evolved.edits],
+        "curve": [{"generation": g["generation"], "screen_mean": g["screen_mean"],
+                   "accepted": g["accepted"]} for g in gens],
+    }
+    summary["wall_s"] = round(time.time() - t0, 1)
+    lines = lineage_lines(archive)
+    (out / "report.md").write_text(_report(summary, lines))
+    try:
+        _draw(archive, out / "lineage.png", gens)
+    except Exception as e:  # a drawing is not worth the run
+        log(f"lineage.png not drawn: {type(e).__name__}: {e}")
+    (out / "summary.json").write_text(json.dumps(summary, indent=1, default=float))
+    prev.unlink(missing_ok=True)
+    fleet.close()
+    return summary
+
+
+def _mean(d: dict[str, float] | None) -> float | None:
+    return sum(d.values()) / len(d) if d else None
+
+
+def _report(summary: dict[str, Any], lines: list[str]) -> str:
+    ev = summary["evolution"]
+    rows = ["| stage | held-out | 95% CI | decided by rules | by xi |", "|---|---|---|---|---|"]
+    for name, r in summary["stages"].items():
+        rows.append(f"| {name} | {100 * r['success_rate']:.1f}% ({r['successes']}/"
+                    f"{r['judged_episodes']}) | {100 * r['ci95'][0]:.1f}-"
+                    f"{100 * r['ci95'][1]:.1f} | {100 * r['decided']['rule']:.1f}% | "
+                    f"{100 * r['decided']['xi']:.1f}% |")
+    return "\n".join([
+        "# Harness evolution", "",
+        f"Config: `{json.dumps(summary['config'])}`", "", *rows, "",
+        f"{ev['generations']} generations, {ev['accepted']} accepted, {ev['episodes']} "
+        f"episodes; kinds {ev['kinds']}. Evolution set avg@k_confirm: H0 "
+        f"{ev['root_confirm_mean']}, evolved {ev['best_confirm_mean']}; the root's solved tasks "
+        f"the evolved variant lost: {ev['root_solved_lost']}.", "",
+        "## Lineage (* accepted)", "", "```", *lines, "```", ""])

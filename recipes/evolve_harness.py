@@ -1,0 +1,75 @@
+"""Improve a frozen agent by evolving its harness (DarwinX on GEPA's engine, issue 30).
+
+    python recipes/evolve_harness.py --quick            # a small evolution, a few minutes
+    python recipes/evolve_harness.py                    # E1's run: budget 1500 episodes
+    python recipes/evolve_harness.py --set accept='"minibatch_sum"' --seed 1
+    python recipes/evolve_harness.py --resume --out runs/evolve   # after a crash or kill -9
+
+The frozen agent is the shipped starting policy of ``--world`` (or ``starting_policy``; or a
+VLM behind an API with ``agent="prompted"`` and ``agent_backend``); nothing updates its
+weights. The run measures its held-out success (the first ``eval_tasks`` test tasks, one
+episode each), alone and with the policy's grammar mask (the decoding baseline), evolves its
+harness on tasks written from the simulator's site and app descriptions (never the test
+list) for ``budget`` episodes, and measures the evolved harness on the same held-out tasks
+and seeds. Fields (``--set FIELD=JSON``): see ``digirl_lite.harness.evolve.EvolveConfig``.
+Writes OUT/summary.json, report.md, lineage.png, metrics.jsonl and darwinx/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from digirl_lite.errors import ConfigError
+from digirl_lite.harness.evolve import QUICK, EvolveConfig, run_evolution
+
+
+def config_from(args: argparse.Namespace) -> EvolveConfig:
+    d: dict = {}
+    if args.config:
+        d.update(json.loads(Path(args.config).read_text()))
+    if args.quick:
+        d.update(QUICK)
+    if args.world:
+        d["world"] = args.world
+    if args.seed is not None:
+        d["seed"] = args.seed
+    for item in args.set:
+        if "=" not in item:
+            raise ConfigError(f"--set {item!r}: give FIELD=JSON")
+        k, v = item.split("=", 1)
+        try:
+            d[k] = json.loads(v)
+        except json.JSONDecodeError:
+            d[k] = v  # a bare string
+    return EvolveConfig.from_dict(d)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", default="runs/evolve", help="the run folder")
+    ap.add_argument("--quick", action="store_true", help="a small evolution (a few minutes)")
+    ap.add_argument("--seed", type=int, default=None)
+    ap.add_argument("--world", choices=["webshop", "general"], default=None)
+    ap.add_argument("--config", help="a JSON file of EvolveConfig fields")
+    ap.add_argument("--set", nargs="*", action="extend", default=[], metavar="FIELD=JSON")
+    ap.add_argument("--resume", action="store_true", help="continue the run in --out")
+    ap.add_argument("--quiet", action="store_true", help="no progress lines")
+    args = ap.parse_args(argv)
+    try:
+        cfg = config_from(args)
+        summary = run_evolution(cfg, args.out, resume=args.resume,
+                                log=(lambda *a: None) if args.quiet else print)
+    except ConfigError as e:
+        sys.exit(f"config error: {e}")
+    st = summary["stages"]
+    print(" | ".join(f"{k} {100 * v['success_rate']:.1f}%" for k, v in st.items())
+          + f" | rules decided {100 * st['evolved']['decided']['rule']:.1f}% of the evolved "
+            f"harness's steps; report: {Path(args.out) / 'report.md'}")
+    return summary
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
