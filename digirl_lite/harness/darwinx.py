@@ -552,7 +552,11 @@ class DarwinX:
     # -- run -----------------------------------------------------------------------------
     def run(self) -> Archive:
         """Evolve until the budget is spent; returns the archive (also in ``archive.json``)."""
-        import gepa
+        try:
+            import gepa
+        except ImportError:
+            raise ImportError("DarwinX runs on GEPA's engine: pip install "
+                              "'digirl-lite[harness]' (the gepa package)") from None
 
         self._logged_before = (sum(1 for line in self._log_path.read_text().splitlines()
                                    if line.strip()) if self._log_path.is_file() else 0)

@@ -16,7 +16,6 @@ infrastructure truncation) and as a teardown after it; between episodes the mini
 from __future__ import annotations
 
 import dataclasses
-
 import time
 from collections.abc import Sequence
 from typing import Any
