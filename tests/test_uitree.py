@@ -130,10 +130,13 @@ def test_the_simulated_phone_puts_its_tree_in_info_when_asked():
     text = ('Action Plan: [DUAL_POINT]\nAction Decision: "action_type": "DUAL_POINT", '
             f'"touch_point": "[{y / 2280:.4f}, {x / 1080:.4f}]", '
             f'"lift_point": "[{y / 2280:.4f}, {x / 1080:.4f}]", "typed_text": ""')
+    assert obs.ui_tree == tuple(info["ui_tree"])  # what an agent reads (issue 30, item 2)
     obs, _, _, _, info = env.step(text)
     assert env.state.page.app == "chrome"
     assert any(n.id == "address_bar" and n.clickable for n in info["ui_tree"])
-    assert "ui_tree" not in SimPhoneEnv("webshop").reset(seed=0)[1]  # opt-in
+    assert obs.ui_tree == tuple(info["ui_tree"])
+    off_obs, off_info = SimPhoneEnv("webshop").reset(seed=0)
+    assert "ui_tree" not in off_info and off_obs.ui_tree is None  # opt-in
     assert "[address_bar] EditText" in tree_text(info["ui_tree"])
 
 
@@ -159,16 +162,18 @@ def test_a_served_phone_s_page_source_is_the_in_process_tree():
         env = AndroidEnv(AndroidConfig(server_url=server.url, settle_s=0.0, ui_tree=True),
                          reset="task")
         try:
-            _, info = env.reset("Go to ebay.com", seed=0)
+            obs, info = env.reset("Go to ebay.com", seed=0)
             _, want = twin.reset("Go to ebay.com", seed=0)
             assert info["ui_tree"][1:] == want["ui_tree"] and "ui_tree_error" not in info
+            assert obs.ui_tree == tuple(info["ui_tree"])  # the agent reads the same tree
             x, y = next(n for n in info["ui_tree"] if n.id == "icon:chrome").center
             text = ('Action Plan: [DUAL_POINT]\\nAction Decision: "action_type": '
                     f'"DUAL_POINT", "touch_point": "[{y / 2280:.4f}, {x / 1080:.4f}]", '
                     f'"lift_point": "[{y / 2280:.4f}, {x / 1080:.4f}]", "typed_text": ""')
-            *_, info = env.step(text)
+            obs, *_, info = env.step(text)
             *_, want = twin.step(text)
             assert info["ui_tree"][1:] == want["ui_tree"]
+            assert obs.ui_tree[1:] == tuple(want["ui_tree"])
             assert any(n.id == "address_bar" for n in info["ui_tree"])
         finally:
             env.close()

@@ -60,6 +60,9 @@ log = logging.getLogger("digirl_lite.harness")
 
 SOLVED = 0.5
 """A task is solved by a variant when its avg@k is at least this (spec: p_t >= 1/2)."""
+STALL_GENERATIONS = 3
+"""The loop stops when this many generations in a row measured no new episode (every child
+was one already measured, or an invalid proposal): the proposer has run dry."""
 ACCEPT_MODES = ("gate", "minibatch_sum", "all")
 """``gate``: DarwinX (g > 0, R <= delta, then the probe); ``minibatch_sum``: GEPA's default
 (the child's summed minibatch score beats the parent's); ``all``: every child (E2)."""
@@ -314,7 +317,15 @@ class _Budget:
         self.loop = loop
 
     def __call__(self, state: Any) -> bool:
-        return self.loop.episodes >= self.loop.budget
+        loop = self.loop
+        if loop.episodes >= loop.budget:
+            loop.stopped = "budget"
+        elif loop.max_generations and loop.generation >= loop.max_generations:
+            loop.stopped = "max_generations"
+        elif loop.stalled >= STALL_GENERATIONS:
+            loop.stopped = (f"stalled: {STALL_GENERATIONS} generations in a row measured "
+                            "nothing new (the proposer has no untried edit)")
+        return bool(loop.stopped)
 
 
 # ---------------------------------------------------------------------------------------
@@ -336,6 +347,9 @@ class DarwinX:
         probe_k: episodes per task of the preservation probe (fresh seeds).
         seed: seeds GEPA's and the parent sampling's random draws and the episodes' seeds.
         base: H0's components (default :data:`~digirl_lite.harness.harness.H0_COMPONENTS`).
+        max_generations: stop after this many generations (None: the budget alone). The
+            loop also stops when :data:`STALL_GENERATIONS` generations in a row measured
+            nothing new (:attr:`stopped` says why it stopped).
     """
 
     def __init__(self, runner: HarnessRunner, proposer: Proposer, tasks: Sequence[str],
@@ -343,7 +357,8 @@ class DarwinX:
                  k_confirm: int = 5, delta: float = 0.5, beta: float = 0.2,
                  accept: str = "gate", probe_k: int = 3, seed: int = 0,
                  base: dict[str, str] | None = None,
-                 on_generation: Callable[[dict[str, Any]], None] | None = None) -> None:
+                 on_generation: Callable[[dict[str, Any]], None] | None = None,
+                 max_generations: int | None = None) -> None:
         if accept not in ACCEPT_MODES:
             raise ValueError(f"accept must be one of {ACCEPT_MODES}, got {accept!r}")
         if len(set(tasks)) != len(tasks) or not tasks:
@@ -357,6 +372,10 @@ class DarwinX:
         self.rng = random.Random(seed)
         self.base = dict(base or H0_COMPONENTS)
         self.on_generation = on_generation
+        self.max_generations = max_generations
+        self.stopped = ""  # why the loop stopped
+        self.stalled = 0  # generations in a row that measured nothing new
+        self._episodes_at_gen = 0
         self.archive = Archive()
         self.memory = Memory()
         self.generation = 0
@@ -483,6 +502,8 @@ class DarwinX:
                  "g": round(res.g, 4), "R": round(res.R, 4), "node": node.id}
         self.memory = self.memory.aggregate([], worked=[entry] if accepted else [],
                                             regressed=[] if accepted or not edits else [entry])
+        self.stalled = self.stalled + 1 if self.episodes == self._episodes_at_gen else 0
+        self._episodes_at_gen = self.episodes
         self._log(node)
         return accepted, reason
 
@@ -547,7 +568,8 @@ class DarwinX:
                           settings={"k_screen": self.k_screen, "k_confirm": self.k_confirm,
                                     "delta": self.delta, "beta": self.beta,
                                     "accept": self.accept, "probe_k": self.probe_k,
-                                    "seed": self.seed, "tasks": self.tasks})
+                                    "seed": self.seed, "tasks": self.tasks},
+                          stopped=self.stopped)
 
     # -- run -----------------------------------------------------------------------------
     def run(self) -> Archive:

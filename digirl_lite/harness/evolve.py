@@ -55,6 +55,9 @@ class EvolveConfig:
         n_envs: simulated phones; fleet: "sync" or "process".
         temperature: the policy's sampling temperature (the project's evaluations: 1.0).
         env: extra SimPhoneEnv fields (e.g. {"day": 6} for a drift day).
+        baselines: measure the ``frozen`` and ``frozen_constrained`` stages (they depend
+            only on the world, the seed and ``eval_tasks``: a grid's other arms at the same
+            seed may leave them to one arm).
     """
 
     world: str = "webshop"
@@ -77,6 +80,7 @@ class EvolveConfig:
     fleet: str = "sync"
     temperature: float = 1.0
     env: dict[str, Any] = field(default_factory=dict)
+    baselines: bool = True
 
     @classmethod
     def fields(cls) -> list[str]:
@@ -188,8 +192,9 @@ def _held_out(fleet, make, components, tasks, seed: int) -> dict[str, Any]:
 
     screens = ScreenTable()
     torch.manual_seed(seed)
-    summary, episodes = evaluate(fleet, make(components, screens), tasks, seed=seed,
-                                 screens=screens, n_tasks=None)
+    agent = make(components, screens)
+    agent.crn_salt = seed  # every stage draws the same noise where it sees the same screen
+    summary, episodes = evaluate(fleet, agent, tasks, seed=seed, screens=screens, n_tasks=None)
     summary["decided"] = decision_shares([e.trajectory for e in episodes])
     summary["per_task"] = {e.trajectory.task: (None if not e.trajectory.is_usable
                                                 else bool(e.trajectory.is_success))
@@ -307,9 +312,10 @@ def run_evolution(cfg: EvolveConfig, out: str | Path, resume: bool = False,
             f"{100 * rep['decided']['rule']:.1f}%, by xi {100 * rep['decided']['xi']:.1f}%")
 
     base = dict(H0_COMPONENTS)
-    stage("frozen", make, base)
-    if make_constrained is not None:
-        stage("frozen_constrained", make_constrained, base)
+    if cfg.baselines:
+        stage("frozen", make, base)
+        if make_constrained is not None:
+            stage("frozen_constrained", make_constrained, base)
     (out / "checkpoints").mkdir(exist_ok=True)
     (out / "checkpoints" / "latest").write_text("darwinx/archive.json\n")  # for grid.py
     teacher = ScriptedBatchAgent(lambda slot: ScriptedExpert())
@@ -335,8 +341,8 @@ def run_evolution(cfg: EvolveConfig, out: str | Path, resume: bool = False,
     root = archive.nodes[0]
     root_solved = {t for t, p in (root.confirm or {}).items() if p >= 0.5}
     best_solved = {t for t, p in (best.confirm or {}).items() if p >= 0.5}
-    frozen_pt, evolved_pt = (summary["stages"]["frozen"]["per_task"],
-                             summary["stages"]["evolved"]["per_task"])
+    frozen_pt = summary["stages"].get("frozen", {}).get("per_task", {})
+    evolved_pt = summary["stages"]["evolved"]["per_task"]
     summary["evolution"] = {
         "best": best.id, "best_G": best.G, "generations": len(gens),
         "accepted": sum(g["accepted"] for g in gens), "episodes": dx.episodes,

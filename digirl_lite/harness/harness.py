@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from digirl_lite.actions import Action, ActionType, format_action, parse_action
+from digirl_lite.data.records import screen_id_of_image
 from digirl_lite.envs.base import Observation
 from digirl_lite.harness.rules import (
     RuleError,
@@ -163,7 +164,7 @@ class Edit:
         out = dict(components)
         if self.kind == "skill":
             try:
-                new = parse_rules(self.content, source=f"{where} (skill)")
+                new = parse_rules(self.content, source=where)
             except RuleError as e:
                 raise EditError(str(e)) from None
             if not new:
@@ -266,20 +267,46 @@ class PolicyAgent:
     the system prompt and the tree are for agents that read text, which a policy trained on
     that prompt does not. ``retry`` samples again under the action-format grammar."""
 
+    crn_salt: int | None = None
+    """Common random numbers: with a salt, the policy samples each row from its own
+    generator seeded by (salt, task, step, try), so two harnesses run on the same tasks with
+    the same salt draw the same noise wherever they show the policy the same screen, whatever
+    else is in the batch (the runner and the held-out evaluations set it). None: torch's
+    global generator."""
+
     def __init__(self, policy: Any, features: Any, screens: Any, temperature: float = 1.0,
                  max_new_tokens: int = 64, constrained: bool = False) -> None:
         from digirl_lite.train.trainer import PolicyBatchAgent
 
+        self.policy = policy
         self.free = PolicyBatchAgent(policy, features, screens, temperature, max_new_tokens,
                                      constrained)
         self.masked = PolicyBatchAgent(policy, features, screens, temperature,
                                        max_new_tokens, True)
 
+    def _act(self, agent: Any, inputs: Sequence[AgentInput], attempt: int) -> list[str]:
+        obs = [i.obs for i in inputs]
+        if self.crn_salt is None or agent.temperature <= 0:
+            return agent.act_batch(list(range(len(inputs))), obs)
+        import hashlib
+
+        seeds = [int.from_bytes(hashlib.sha256(
+            f"{self.crn_salt}|{o.task}|{o.step}|{attempt}".encode()).digest()[:8], "little")
+            for o in obs]
+        inputs_ = (agent.features_of([o.screen_id or screen_id_of_image(o.screenshot)
+                                      for o in obs])
+                   if self.policy.screen_input == "features" else [o.screenshot for o in obs])
+        drawn = self.policy.sample([o.prompt for o in obs], inputs_,
+                                   temperature=agent.temperature,
+                                   max_new_tokens=agent.max_new_tokens,
+                                   constrained=agent.constrained, row_seeds=seeds)
+        return [SampledAction(d.text, d.token_ids, d.log_probs) for d in drawn]
+
     def propose(self, inputs: Sequence[AgentInput]) -> list[str]:
-        return self.free.act_batch(list(range(len(inputs))), [i.obs for i in inputs])
+        return self._act(self.free, inputs, 0)
 
     def retry(self, inputs: Sequence[AgentInput]) -> list[str]:
-        return self.masked.act_batch(list(range(len(inputs))), [i.obs for i in inputs])
+        return self._act(self.masked, inputs, 1)
 
 
 # ---------------------------------------------------------------------------------------
@@ -370,6 +397,16 @@ class HarnessAgent:
         self.width, self.height = width, height
         self.decisions: Counter[str] = Counter()
         self._mem: dict[int, _SlotMemory] = {}
+
+    @property
+    def crn_salt(self) -> int | None:
+        return getattr(self.agent, "crn_salt", None)
+
+    @crn_salt.setter
+    def crn_salt(self, salt: int | None) -> None:
+        """Common random numbers for the agent inside (:attr:`PolicyAgent.crn_salt`)."""
+        if hasattr(self.agent, "crn_salt"):
+            self.agent.crn_salt = salt
 
     def _memory(self, slot: int, obs: Observation) -> _SlotMemory:
         m = self._mem.get(slot)

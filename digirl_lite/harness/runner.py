@@ -163,23 +163,11 @@ class HarnessRunner:
 
     def _collect(self, make: Callable[[Any], Any] | None, tasks: Sequence[str], seed: int,
                  key: str) -> list[Outcome]:
-        from digirl_lite.data.records import ScreenTable
-
         self._used[key] = len(tasks)
         if key in self._cache:
             self.episodes_cached += len(tasks)
             return [Outcome.from_dict(d) for d in self._cache[key]]
-        if self.seed_torch:
-            import torch
-
-            # common random numbers: every harness samples the same tasks at the same seeds
-            # from the same stream, so two variants differ by what they do, less by chance
-            torch.manual_seed(int(self.key("", tasks, seed, "crn")[:8], 16))
-        screens = ScreenTable()  # the agent reads the screens the fleet records here
-        episodes = self.fleet.collect(make(screens), list(tasks), screens, id_prefix="evo",
-                                      seed=seed)
-        outs = [_outcome(e, seed + k, self.width, self.height, self.max_nodes)
-                for k, e in enumerate(episodes)]
+        outs = self._play(make, tasks, seed)
         self.episodes_run += len(outs)
         rec = [asdict(o) for o in outs]
         self._cache[key] = rec
@@ -190,6 +178,26 @@ class HarnessRunner:
                 f.flush()
                 os.fsync(f.fileno())
         return outs
+
+    def _play(self, make: Callable[[Any], Any], tasks: Sequence[str], seed: int
+              ) -> list[Outcome]:
+        """Play the episodes (the fleet; a subclass may play them elsewhere)."""
+        from digirl_lite.data.records import ScreenTable
+
+        if self.seed_torch:
+            import torch
+
+            # common random numbers: every harness samples the same tasks at the same seeds
+            # from the same stream, so two variants differ by what they do, less by chance
+            torch.manual_seed(int(self.key("", tasks, seed, "crn")[:8], 16))
+        screens = ScreenTable()  # the agent reads the screens the fleet records here
+        agent = make(screens)
+        if hasattr(agent, "crn_salt"):  # the same noise for every harness at these seeds
+            agent.crn_salt = seed
+        episodes = self.fleet.collect(agent, list(tasks), screens, id_prefix="evo",
+                                      seed=seed)
+        return [_outcome(e, seed + k, self.width, self.height, self.max_nodes)
+                for k, e in enumerate(episodes)]
 
     @property
     def distinct_episodes(self) -> int:

@@ -134,9 +134,12 @@ class AutoUIPolicy:
     @torch.no_grad()
     def sample(self, prompts: Sequence[str], image_features: Any, temperature: float = 1.0,
                max_new_tokens: int = 128, generator_seed: int | None = None,
-               constrained: bool = False) -> list[Sample]:
+               constrained: bool = False, row_seeds: Sequence[int] | None = None
+               ) -> list[Sample]:
         """:meth:`act`'s draws with what the learner of an on-policy method needs: each
-        action's token ids and their log-probabilities as sampled (:class:`Sample`)."""
+        action's token ids and their log-probabilities as sampled (:class:`Sample`).
+        ``row_seeds``: one seed per prompt, each row drawn from its own generator (what a
+        row samples then does not depend on the batch it is in)."""
         if len(prompts) == 0:
             return []
         was_training = self.model.training
@@ -154,7 +157,10 @@ class AutoUIPolicy:
         if temperature > 0:  # sampled (digirl_lite.policy.sampling), the greedy loop picks it
             from digirl_lite.policy.sampling import CategoricalSampler
 
-            sampler = CategoricalSampler(temperature)
+            if row_seeds is not None and len(row_seeds) != len(prompts):
+                raise ValueError(f"{len(row_seeds)} row seeds for {len(prompts)} prompts")
+            sampler = CategoricalSampler(temperature,
+                                         list(row_seeds) if row_seeds is not None else None)
             processors.append(sampler)
         state = None
         if generator_seed is not None:

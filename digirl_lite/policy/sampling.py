@@ -29,9 +29,14 @@ def sample_categorical(logits: torch.Tensor, temperature: float = 1.0) -> torch.
     return _draw(torch.softmax(logits.float() / temperature, dim=-1))
 
 
-def _draw(probs: torch.Tensor) -> torch.Tensor:
+def _draw(probs: torch.Tensor, generators: list[torch.Generator] | None = None
+          ) -> torch.Tensor:
     cdf = probs.cumsum(dim=-1)
-    u = torch.rand(probs.shape[0], 1, device=probs.device) * cdf[:, -1:]
+    if generators is not None:  # one stream per row: a row's draws do not depend on the others
+        u = torch.cat([torch.rand(1, 1, generator=g) for g in generators]).to(probs.device)
+    else:
+        u = torch.rand(probs.shape[0], 1, device=probs.device)
+    u = u * cdf[:, -1:]
     idx = torch.searchsorted(cdf, u, right=True).squeeze(1)
     return idx.clamp_(max=probs.shape[1] - 1)
 
@@ -43,18 +48,26 @@ class CategoricalSampler(LogitsProcessor):
     ``log_probs`` collects, per decoding step, each row's log-probability of its drawn token
     under the distribution it was drawn from (after every earlier processor, e.g. the
     grammar mask, and the temperature): the behaviour policy's per-token log-probabilities
-    that an importance ratio needs (issue 17)."""
+    that an importance ratio needs (issue 17).
 
-    def __init__(self, temperature: float = 1.0) -> None:
+    ``row_seeds``: one seed per row; each row then draws from its own generator, so what a
+    row samples does not depend on which other rows share its batch (common random numbers
+    for paired comparisons, :mod:`digirl_lite.harness`). None: torch's global generator."""
+
+    def __init__(self, temperature: float = 1.0, row_seeds: list[int] | None = None) -> None:
         if temperature <= 0:
             raise ValueError(f"temperature must be > 0, got {temperature}")
         self.temperature = float(temperature)
+        self.generators = None if row_seeds is None else [
+            torch.Generator().manual_seed(int(s) % (2 ** 63)) for s in row_seeds]
         self.log_probs: list[torch.Tensor] = []  # one (B,) per decoding step
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor
                  ) -> torch.FloatTensor:
         probs = torch.softmax(scores.float() / self.temperature, dim=-1)
-        idx = _draw(probs)  # the same draws as sample_categorical's
+        if self.generators is not None and len(self.generators) != probs.shape[0]:
+            raise ValueError(f"{len(self.generators)} row seeds for {probs.shape[0]} rows")
+        idx = _draw(probs, self.generators)  # the same draws as sample_categorical's
         self.log_probs.append(probs.gather(1, idx.unsqueeze(1)).squeeze(1).log())
         out = torch.full_like(scores, float("-inf"))
         out.scatter_(1, idx.unsqueeze(1), 0.0)
