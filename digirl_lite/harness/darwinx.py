@@ -97,16 +97,17 @@ def solved_set(rates: dict[str, float], threshold: float = SOLVED) -> set[str]:
 
 def classify(parent_solved: set[str], child_solved: set[str], accepted: bool) -> str:
     """By solved set: ``improver`` (all the parent solved and more), ``neutral`` (the same
-    set), ``stepping_stone`` (solves new tasks, loses some: never an ancestor, it gives
-    lessons to the memory) or ``archived`` (a rejected child that is not a stepping stone).
-    An accepted child passed the probe, so it lost nothing: improver or neutral."""
+    set), ``stepping_stone`` (solves new tasks, loses some: never an ancestor under the
+    gate, it gives lessons to the memory) or ``archived`` (lost tasks and gained none, or a
+    rejected child that lost nothing). A child that lost tasks keeps that kind when an
+    acceptance rule other than the gate took it (E2 counts them)."""
     new = child_solved - parent_solved
     lost = parent_solved - child_solved
-    if accepted:
-        return "improver" if new else "neutral"
     if new and lost:
         return "stepping_stone"
-    return "archived"
+    if lost or not accepted:
+        return "archived"
+    return "improver" if new else "neutral"
 
 
 def avg_at_k(outcomes: Sequence[Outcome]) -> dict[str, float]:
@@ -493,7 +494,9 @@ class DarwinX:
                       f"probe: lost {probe['lost']} of the lineage's solved set")
         node.accepted = accepted
         node.reason = reason
-        c_solved = set(node.solved) | (set(node.probe["kept"]) if node.probe else set())
+        # the probe's verdict on the lineage's tasks: kept, or missed by the parent too
+        c_solved = set(node.solved) | (set(node.probe["kept"]) | set(node.probe["parent_missed"])
+                                       if node.probe else set())
         node.kind = classify(p_solved, c_solved, accepted)
         node.lineage_solved = sorted(p_solved | c_solved) if accepted else []
         node.decided = self._decided(proposal.eval_after)
