@@ -215,7 +215,8 @@ def test_promotion_needs_positive_effect():
     assert [u.id for u in bank.active()] == ["up"]
     assert {u.id for u in bank.nursery()} == {"flat", "down"}
     bank.judge(Validation("flat", False, 0.0, 0.0, 0.0, 0.0))  # not relevant: no verdict
-    assert bank.get("flat").state == "nursery" and bank.get("flat").c == 0.0
+    flat = bank.get("flat")  # its last relevant record stays whole (S agrees with e, c, eta)
+    assert flat.state == "nursery" and flat.c == 0.9 and "not relevant" in flat.note
 
 
 def test_ttl_evicts_nursery_units():

@@ -442,13 +442,14 @@ class ExperienceBank:
 
     def judge(self, v: Validation, cycle: int | None = None) -> list[dict[str, Any]]:
         """Apply one validation to its unit; returns the events it caused. An irrelevant
-        validation (the unit never acted) records c = 0 and changes nothing else."""
+        validation (the unit never acted) changes nothing but the unit's note: e, c, eta and
+        S stay those of its last relevant validation (one consistent record)."""
         cycle = self.cycle_no if cycle is None else cycle
         eu = self.get(v.eu_id)
         if eu.state == "evicted":
             return []
         if not v.relevant:
-            eu.c = 0.0
+            eu.note = f"not relevant in cycle {cycle} (its rule never acted)"
             return [self._event(eu, "not relevant", "its rule never acted on these tasks",
                                 cycle)]
         eu.e, eu.c, eu.eta, eu.S = v.e, v.c, v.eta, v.S
