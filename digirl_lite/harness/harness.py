@@ -164,7 +164,8 @@ class Edit:
         out = dict(components)
         if self.kind == "skill":
             try:
-                new = parse_rules(self.content, source=where)
+                new = parse_rules(self.content, source=where if "(skill)" in where
+                                  else f"{where} (skill)")
             except RuleError as e:
                 raise EditError(str(e)) from None
             if not new:
