@@ -17,6 +17,9 @@ module level, inside functions, under ``TYPE_CHECKING``, and module paths writte
                                                         corpus comes from the pile); features
     viz                                                 plots, films, regrading
     report, train                                       the run report; the trainer
+    harness                                             a frozen agent's harness, DarwinX,
+                                                        Darwin-Claw (they run the trainer's
+                                                        policies and evaluation)
 
 A folder may import its own layer's neighbours as long as no circle forms; an import that
 goes up a layer fails with the line that makes it.
@@ -42,6 +45,7 @@ LAYERS: list[set[str]] = [
     {"learners"},
     {"viz"},
     {"report", "train"},
+    {"harness"},
 ]
 RANK = {unit: i for i, layer in enumerate(LAYERS) for unit in layer}
 
