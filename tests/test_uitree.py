@@ -177,3 +177,15 @@ def test_a_served_phone_s_page_source_is_the_in_process_tree():
             assert any(n.id == "address_bar" for n in info["ui_tree"])
         finally:
             env.close()
+
+
+def test_tree_text_reads_back_into_nodes():
+    from digirl_lite.envs.uitree import parse_tree_text
+
+    env = SimPhoneEnv("webshop", surprises=Surprises.none(), ui_tree=True)
+    _, info = env.reset("Go to ebay.com", seed=0)
+    shown = [n for n in info["ui_tree"] if n.clickable or n.text]
+    back = parse_tree_text(tree_text(info["ui_tree"]) + "\nnot a node line")
+    assert [(n.id, n.text, n.bounds, n.clickable, n.focused) for n in back] == \
+        [(n.id, n.text, n.bounds, n.clickable, n.focused) for n in shown]
+    assert [n.cls for n in back] == [n.cls.rsplit(".", 1)[-1] for n in shown]

@@ -24,7 +24,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from xml.sax.saxutils import quoteattr
 
-__all__ = ["UINode", "UITreeError", "parse_source", "to_source", "tree_text", "BOUNDS_RE"]
+__all__ = ["UINode", "UITreeError", "parse_source", "to_source", "tree_text", "parse_tree_text",
+           "BOUNDS_RE"]
 
 BOUNDS_RE = re.compile(r"\[(-?\d+),(-?\d+)\]\[(-?\d+),(-?\d+)\]")
 
@@ -128,3 +129,22 @@ def tree_text(nodes: Sequence[UINode], max_nodes: int = 80) -> str:
     if len(lines) > max_nodes:
         lines = lines[:max_nodes] + [f"... {len(lines) - max_nodes} more"]
     return "\n".join(lines)
+
+
+_TREE_LINE = re.compile(r'^\[(?P<id>[^\]]*)\] (?P<cls>\S+)(?: "(?P<text>.*)")? '
+                        r"\((?P<b>-?\d+,-?\d+,-?\d+,-?\d+)\)(?P<flags>(?: \w+)*)$")
+
+
+def parse_tree_text(text: str) -> list[UINode]:
+    """:func:`tree_text`'s lines read back into nodes (``cls`` is the short class name the
+    text keeps); lines that are not node lines (``... N more``) are skipped."""
+    out = []
+    for line in (text or "").splitlines():
+        m = _TREE_LINE.match(line.strip())
+        if m is None:
+            continue
+        flags = m["flags"].split()
+        out.append(UINode(m["id"], m["cls"], m["text"] or "",
+                          tuple(int(v) for v in m["b"].split(",")),  # type: ignore[arg-type]
+                          "clickable" in flags, "focused" in flags))
+    return out

@@ -49,6 +49,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Protocol
 
+from digirl_lite.envs.uitree import parse_tree_text
 from digirl_lite.harness.evidence import EvidenceStep
 from digirl_lite.harness.rules import Rule, RuleError, has_overlay, parse_rule, rules_text
 
@@ -859,36 +860,8 @@ class Trace:
         if i < len(self.nodes) and self.nodes[i] is not None:
             return self.nodes[i]
         if 0 <= i < len(self.steps):
-            return tuple(_nodes_from_text(self.steps[i].tree))
+            return tuple(parse_tree_text(self.steps[i].tree))
         return ()
-
-
-_TREE_LINE = re.compile(r'^\[(?P<id>[^\]]*)\] (?P<cls>\S+)(?: "(?P<text>.*)")? '
-                        r"\((?P<b>-?\d+,-?\d+,-?\d+,-?\d+)\)(?P<flags>(?: \w+)*)$")
-
-
-@dataclass(frozen=True)
-class _TextNode:
-    id: str
-    cls: str
-    text: str
-    bounds: tuple[int, int, int, int]
-    clickable: bool = False
-    focused: bool = False
-
-
-def _nodes_from_text(tree: str) -> list[_TextNode]:
-    """Nodes back from :func:`~digirl_lite.envs.uitree.tree_text`'s lines."""
-    out = []
-    for line in (tree or "").splitlines():
-        m = _TREE_LINE.match(line.strip())
-        if m is None:
-            continue
-        flags = m.group("flags").split()
-        out.append(_TextNode(m.group("id"), m.group("cls"), m.group("text") or "",
-                             tuple(int(v) for v in m.group("b").split(",")),  # type: ignore
-                             "clickable" in flags, "focused" in flags))
-    return out
 
 
 def _overlay(nodes: Sequence[Any]) -> list[Any]:

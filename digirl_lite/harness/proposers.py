@@ -27,52 +27,26 @@ import json
 import re
 from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from digirl_lite.actions import ActionType, parse_action
+from digirl_lite.envs.uitree import UINode, parse_tree_text
 from digirl_lite.harness.evidence import Evidence, EvidenceStep, Memory, ProposalError
 from digirl_lite.harness.harness import Edit, check_components
 from digirl_lite.harness.rules import quoted_text
 
-__all__ = ["ScriptedProposer", "tree_nodes", "TreeLine"]
+__all__ = ["ScriptedProposer"]
 
-_LINE = re.compile(r'^\[(?P<id>[^\]]*)\] (?P<cls>\S+)(?: "(?P<text>.*)")? '
-                   r'\((?P<b>-?\d+,-?\d+,-?\d+,-?\d+)\)(?P<flags>(?: \w+)*)$')
 _DISMISS = re.compile(r"\b(close|accept|no thanks|not now|dismiss|ok|got it|skip|cancel|x)\b",
                       re.IGNORECASE)
 _CONTAINERS = ("FrameLayout", "Dialog", "PopupWindow", "AlertDialog")
-
-
-@dataclass(frozen=True)
-class TreeLine:
-    """One line of :func:`~digirl_lite.envs.uitree.tree_text`, read back."""
-
-    id: str
-    cls: str
-    text: str
-    clickable: bool
-    focused: bool
-
-
-def tree_nodes(text: str) -> list[TreeLine]:
-    """The nodes of a tree's text (lines that are not node lines are skipped)."""
-    out = []
-    for line in (text or "").splitlines():
-        m = _LINE.match(line.strip())
-        if m is None:
-            continue
-        flags = (m["flags"] or "").split()
-        out.append(TreeLine(m["id"], m["cls"], m["text"] or "", "clickable" in flags,
-                            "focused" in flags))
-    return out
 
 
 def _slug(s: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", s.lower()).strip("-")[:40] or "x"
 
 
-def _overlay_part(nodes: list[TreeLine]) -> tuple[TreeLine | None, list[TreeLine]]:
+def _overlay_part(nodes: list[UINode]) -> tuple[UINode | None, list[UINode]]:
     """The dialog container over the screen and the nodes drawn after it."""
     seen_click = False
     for i, n in enumerate(nodes):
@@ -82,7 +56,7 @@ def _overlay_part(nodes: list[TreeLine]) -> tuple[TreeLine | None, list[TreeLine
     return None, []
 
 
-def _anchors(nodes: list[TreeLine]) -> list[dict[str, Any]]:
+def _anchors(nodes: list[UINode]) -> list[dict[str, Any]]:
     """The screen's non-clickable, non-dialog element ids (which page it is)."""
     container, _ = _overlay_part(nodes)
     cut = nodes.index(container) if container is not None else len(nodes)
@@ -96,7 +70,7 @@ def _rule(rid: str, when: dict[str, Any], do: Any) -> str:
 
 def _rule_from_step(step: EvidenceStep, goal: str, origin: str) -> str | None:
     """The rule that repeats a reference step on screens like the one it was taken on."""
-    nodes = tree_nodes(step.tree)
+    nodes = parse_tree_text(step.tree)
     if not nodes:
         return None
     action = parse_action(step.action)
@@ -136,7 +110,7 @@ def _rule_from_step(step: EvidenceStep, goal: str, origin: str) -> str | None:
 
 
 def _overlay_rule(step: EvidenceStep) -> str | None:
-    nodes = tree_nodes(step.tree)
+    nodes = parse_tree_text(step.tree)
     container, over = _overlay_part(nodes)
     if container is None:
         return None
