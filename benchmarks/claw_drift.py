@@ -1,34 +1,46 @@
-"""E3 of issue 30: what Darwin-Claw's experience units keep of a frozen policy under drift.
+"""E3 of issue 30: what Darwin-Claw's experience units, DigiRL online, and both together
+keep of the shipped policy under drift.
 
-The shipped Web Shopping starting policy, FROZEN, with grammar-constrained decoding
-(``PolicyAgent(..., constrained=True)``; the setting of ``benchmarks/grids/
-drift_webshop_constrained.json``, where the frozen policy falls to 0% by day 6), is run on
-simulated drift days d (default 1, 2, 3, 4, 6, 8). On each day:
+The shipped Web Shopping starting policy with grammar-constrained decoding (the setting of
+``benchmarks/grids/drift_webshop_constrained.json``, where the frozen policy falls to 0% by
+day 6) on simulated drift days d (default 1, 2, 3, 4, 6, 8). Four arms, all starting from
+that policy:
+
+- ``frozen``: the policy alone (the H0 harness, no rules);
+- ``claw``: the frozen policy in H0 plus the skills of its experience bank's active units
+  (:func:`~digirl_lite.harness.claw.skill_rules`);
+- ``digirl``: the policy learning online with DigiRL (its own
+  :class:`~digirl_lite.train.trainer.Trainer`, the main job's settings: critics, the
+  paper's filters, 20 actor updates per iteration), one online iteration a day on that
+  day's trajectories, no offline phase (the critics start from their initial values);
+- ``both``: DigiRL online as ``digirl``, with a Darwin-Claw bank around the learning
+  policy: the day's trajectories train the policy and feed the bank's cycle, whose units are
+  validated with the updated policy.
+
+On each day, for each arm:
 
 1. **Held-out evaluation** (pass@1 on the first ``--n-test`` ``webshop_test`` tasks, one
-   episode each, env seed ``10_000 + 10_000 * seed + 100 * d``, the same CRN salt for both
-   arms), two arms:
-
-   - ``frozen``: the H0 harness (no rules): the policy alone;
-   - ``claw``: H0 plus the skills of the experience bank's active units
-     (:func:`~digirl_lite.harness.claw.skill_rules`) as they stand at the start of the day.
-     With no active unit the arm *is* H0 on the same seeds and salt (identical episodes),
-     so the frozen arm's record is reused and marked ``same_as_frozen``.
-
-2. **The day's Darwin-Claw cycle** (after the evaluation: units learned on day d act from
-   the next evaluated day on): the claw harness plays a fresh sample of ``--n-train``
-   training tasks (the ``webshop`` train list minus the test tasks) on that day's phones;
-   :class:`~digirl_lite.harness.claw.ScriptedTriage` turns the traces into units;
-   :meth:`ExperienceBank.cycle` validates every live unit causally (the same training tasks
-   and seeds, H0 without it and H0 with it alone, the same CRN salt) and applies promotion
-   (e > 0 into a slot by S), eviction (persistently negative e, TTL) and the nursery's TTL.
+   episode each, env seed ``10_000 + 10_000 * seed + 100 * d``, the same CRN salt for every
+   arm). With no active unit the ``claw`` arm *is* H0 on the frozen policy with the same
+   seeds and salt (identical episodes), so the frozen arm's record is reused
+   (``same_as_frozen``).
+2. **The day's experience** (every arm but ``frozen``): the arm's agent plays the day's
+   sample of ``--n-train`` training tasks (the ``webshop`` train list minus the test tasks;
+   the same tasks, env seeds and salt for every arm); ``digirl`` and ``both`` take one
+   online iteration on them (:meth:`Trainer.online_iteration`); ``claw`` and ``both`` run
+   the bank's cycle on them: :class:`~digirl_lite.harness.claw.ScriptedTriage` turns the
+   traces into units, :meth:`ExperienceBank.cycle` validates every live unit causally (the
+   same training tasks and seeds with and without it, the same CRN salt, through
+   :class:`~digirl_lite.harness.claw.FleetRunner`) and applies promotion (e > 0 into a slot
+   by S), eviction (persistently negative e, TTL) and the nursery's TTL. What is learned on
+   day d acts from the next evaluated day on.
 
 Per day and arm the result holds the success rate, its Wilson 95% interval, successes /
-judged, who decided the steps (:func:`decision_shares`), the active units (id, S, e, c) and
-what the cycle did (admitted, promoted, evicted, validations). ``--seed`` changes the
-training-task sample and every env seed (the tasks evaluated stay the first N test tasks).
+judged, who decided the steps (:func:`decision_shares`), the active units (id, S, e, c), what
+the cycle did and the DigiRL iteration's metrics. ``--seed`` changes the training-task sample,
+every env seed and the learning arms' seeds (the tasks evaluated stay the first N test tasks).
 
-Run (CPU, about 10-25 minutes a seed on two busy cores)::
+Run (CPU, about 30-40 minutes a seed on one core)::
 
     OMP_NUM_THREADS=1 python benchmarks/claw_drift.py --seeds 0 1 2 \\
         --out benchmarks/results/harness/claw_drift.json
@@ -69,8 +81,11 @@ def _git_commit() -> str:
         return "unknown"
 
 
+ARMS = ("frozen", "claw", "digirl", "both")
+
+
 class Setup:
-    """The frozen policy (loaded once) and the agents built around it."""
+    """The shipped policy (loaded once, frozen) and its feature cache."""
 
     def __init__(self, temperature: float) -> None:
         from digirl_lite.paths import data_dir
@@ -82,51 +97,69 @@ class Setup:
         self.features = FeatureCache(SimScreenEncoder(dim=self.policy.img_dim, seed=0))
         self.temperature = temperature
 
+
+class Arm:
+    """One arm's agent: a policy (the frozen one, or a learning arm's own
+    :class:`~digirl_lite.train.trainer.Trainer`'s) and, for ``claw`` and ``both``, an
+    experience bank whose active units' skills the harness around the policy carries."""
+
+    def __init__(self, name: str, setup: Setup, seed: int, work: Path) -> None:
+        from digirl_lite.harness.claw import ClawConfig, ExperienceBank
+
+        self.name, self.setup = name, setup
+        self.bank = ExperienceBank(ClawConfig()) if name in ("claw", "both") else None
+        self.trainer = None
+        if name in ("digirl", "both"):
+            from digirl_lite.train.config import sim_webshop
+            from digirl_lite.train.trainer import Trainer
+
+            # the main job's DigiRL settings, from the same shipped policy as the frozen arm,
+            # no offline phase: the critics start from their initial values and learn from
+            # the days' trajectories only (the same data the claw arm learns from)
+            cfg = sim_webshop(starting_policy=str(setup.path), constrained_decoding=True,
+                              temperature=setup.temperature, seed=seed, n_envs=2,
+                              eval_every=0)
+            self.trainer = Trainer(cfg, work / f"{name}-seed{seed}", cache_dir=None,
+                                   progress=False)
+        self.policy = self.trainer.policy if self.trainer else setup.policy
+        self.features = self.trainer.features if self.trainer else setup.features
+        self.updates = 0
+
+    def rules(self) -> str:
+        from digirl_lite.harness.claw import skill_rules
+
+        return skill_rules(self.bank) if self.bank is not None else ""
+
+    def policy_agent(self, screens: Any) -> Any:
+        from digirl_lite.harness.harness import PolicyAgent
+
+        return PolicyAgent(self.policy, self.features, screens, self.setup.temperature,
+                           constrained=True)
+
     def agent(self, rules_text: str, screens: Any, salt: int) -> Any:
-        from digirl_lite.harness.harness import H0_COMPONENTS, HarnessAgent, PolicyAgent
+        from digirl_lite.harness.harness import H0_COMPONENTS, HarnessAgent
 
         comps = dict(H0_COMPONENTS)
         comps["skills"] = rules_text
-        a = HarnessAgent(comps, PolicyAgent(self.policy, self.features, screens,
-                                            self.temperature, constrained=True),
-                         where="claw_drift")
+        a = HarnessAgent(comps, self.policy_agent(screens), where=f"claw_drift {self.name}")
         a.crn_salt = salt
         return a
 
+    def update(self, episodes: list[Any], seed: int, day: int) -> dict[str, Any]:
+        """One DigiRL online iteration (critics, filters, actor) on the day's trajectories,
+        collected into the trainer's own screen table."""
+        import torch
 
-class DayRunner:
-    """A Darwin-Claw :data:`~digirl_lite.harness.claw.Runner` on one day's phones: H0 plus
-    ``extra_rules_text`` around the frozen constrained policy, every call with the same CRN
-    salt (so a run with a unit and one without draw the same noise where they see the same
-    screen); each (task, seed) one episode at that env seed."""
-
-    def __init__(self, setup: Setup, fleet: Any, salt: int) -> None:
-        self.setup, self.fleet, self.salt = setup, fleet, salt
-        self.calls = self.episodes = 0
-
-    def __call__(self, extra_rules_text: str, tasks_seeds):
-        from digirl_lite.data.records import ScreenTable
-        from digirl_lite.harness.claw import outcomes_from_episodes
-
-        runs: list[list[tuple[str, int]]] = []
-        for t, s in tasks_seeds:
-            if runs and runs[-1][-1][1] + 1 == s:
-                runs[-1].append((t, s))
-            else:
-                runs.append([(t, s)])
-        out = []
-        for k, run in enumerate(runs):
-            screens = ScreenTable()
-            agent = self.setup.agent(extra_rules_text.strip(), screens, self.salt)
-            eps = self.fleet.collect(agent, [t for t, _ in run], screens,
-                                     id_prefix=f"val-{self.calls}-{k}", seed=run[0][1])
-            out += outcomes_from_episodes(eps)
-        self.calls += 1
-        self.episodes += len(out)
-        return out
+        self.updates += 1
+        torch.manual_seed(7_000_000 + 10_000 * seed + day)  # both learning arms alike
+        self.trainer.features.fill(self.trainer.screens)
+        self.trainer.online_iteration(self.updates, collected=[e.trajectory for e in episodes])
+        last = (self.trainer.out / "metrics.jsonl").read_text().strip().splitlines()[-1]
+        rec = json.loads(last)
+        return {k: v for k, v in rec.items() if k != "time"}
 
 
-def held_out(setup: Setup, fleet: Any, rules_text: str, tasks: list[str], seed: int
+def held_out(arm: Arm, fleet: Any, rules_text: str, tasks: list[str], seed: int
              ) -> dict[str, Any]:
     import torch
 
@@ -136,7 +169,7 @@ def held_out(setup: Setup, fleet: Any, rules_text: str, tasks: list[str], seed: 
 
     screens = ScreenTable()
     torch.manual_seed(seed)
-    agent = setup.agent(rules_text, screens, seed)
+    agent = arm.agent(rules_text, screens, seed)
     summary, episodes = evaluate(fleet, agent, tasks, seed=seed, screens=screens, n_tasks=None)
     hits: dict[str, int] = {}
     for e in episodes:
@@ -161,72 +194,82 @@ def _units(bank: Any, state: str) -> list[dict[str, Any]]:
              "S": u.S, "e": u.e, "c": u.c, "eta": u.eta, "born": u.born} for u in us]
 
 
+def _cycle(arm: Arm, fleet: Any, eps: list[Any], salt: int, day: int) -> dict[str, Any]:
+    """The day's Darwin-Claw cycle of ``arm``'s bank on its collected episodes, validated
+    with ``arm``'s policy as it stands now (after the day's update, for ``both``)."""
+    from digirl_lite.harness.claw import FleetRunner, ScriptedTriage, traces_from_episodes
+
+    traces = traces_from_episodes(eps)
+    runner = FleetRunner(fleet, arm.policy_agent, id_prefix=f"val-{arm.name}-d{day}",
+                         crn_salt=salt)
+    rep = arm.bank.cycle(traces, runner, [(t.task, t.seed) for t in traces],
+                         ScriptedTriage())
+    ev = rep["events"]
+    return {
+        "collected": len(traces), "collected_successes": sum(t.success for t in traces),
+        "triage": {"kept": rep["triage"].get("kept", {}),
+                   "discarded": len(rep["triage"].get("discarded", {}))},
+        "admitted": rep["admitted"], "merged": rep["merged"], "archived": rep["archived"],
+        "refused": rep["refused"], "errors": rep["errors"],
+        "promoted": [e["eu"] for e in ev if e["event"] == "promoted"],
+        "evicted": [{"eu": e["eu"], "why": e["why"]} for e in ev if e["event"] == "evicted"],
+        "events": ev, "validations": rep["validations"],
+        "runner_calls": runner.calls, "runner_episodes": runner.episodes,
+        "active_after": _units(arm.bank, "active"), "nursery_after": _units(arm.bank, "nursery"),
+    }
+
+
 def run_seed(args: argparse.Namespace, seed: int, setup: Setup, train: list[str],
              test: list[str], log) -> Iterator[dict[str, Any]]:
-    from digirl_lite.data.records import ScreenTable
+    from digirl_lite.data.records import ScreenTable, Source
     from digirl_lite.envs.sim.env import SimEnvFactory
-    from digirl_lite.harness.claw import (
-        ClawConfig,
-        ExperienceBank,
-        ScriptedTriage,
-        skill_rules,
-        traces_from_episodes,
-    )
     from digirl_lite.rollout.factory import make_fleet
 
-    bank = ExperienceBank(ClawConfig())
+    work = Path(args.work) / f"seed{seed}"
+    arms = {name: Arm(name, setup, seed, work) for name in ARMS if name in args.arms}
     rng = random.Random(1_000 + seed)
-    days_out: list[dict[str, Any]] = []
     for d in args.days:
         t0 = time.time()
         fleet = make_fleet("sync", SimEnvFactory(tasks="webshop", ui_tree=True, day=d),
                            args.n_envs)
         ev_seed = 10_000 + 10_000 * seed + 100 * d
-        rules = skill_rules(bank)
-        active_at_eval = _units(bank, "active")
-        frozen = held_out(setup, fleet, "", test, ev_seed)
-        if rules.strip():
-            claw = held_out(setup, fleet, rules, test, ev_seed)
-            claw["same_as_frozen"] = False
-        else:
-            claw = dict(frozen, same_as_frozen=True)
-        t_eval = time.time() - t0
-        # the day's cycle, on training tasks
-        sample = rng.sample(train, args.n_train)
         col_seed = 50_000 + 10_000 * seed + 100 * d
-        screens = ScreenTable()
-        eps = fleet.collect(setup.agent(rules, screens, col_seed), sample, screens,
-                            id_prefix=f"day{d}", seed=col_seed)
-        traces = traces_from_episodes(eps)
-        runner = DayRunner(setup, fleet, col_seed)
-        rep = bank.cycle(traces, runner, [(t.task, t.seed) for t in traces],
-                         ScriptedTriage())
-        ev = rep["events"]
-        cycle = {
-            "collected": len(traces), "collected_successes": sum(t.success for t in traces),
-            "triage": {"kept": rep["triage"].get("kept", {}),
-                       "discarded": len(rep["triage"].get("discarded", {}))},
-            "admitted": rep["admitted"], "merged": rep["merged"], "archived": rep["archived"],
-            "refused": rep["refused"], "errors": rep["errors"],
-            "promoted": [e["eu"] for e in ev if e["event"] == "promoted"],
-            "evicted": [{"eu": e["eu"], "why": e["why"]} for e in ev if e["event"] == "evicted"],
-            "events": ev, "validations": rep["validations"],
-            "runner_calls": runner.calls, "runner_episodes": runner.episodes,
-            "active_after": _units(bank, "active"), "nursery_after": _units(bank, "nursery"),
-        }
-        dt = time.time() - t0
-        days_out.append({"day": d, "eval_seed": ev_seed, "collect_seed": col_seed,
-                         "train_tasks": sample, "rules_at_eval": rules,
-                         "active_at_eval": active_at_eval,
-                         "arms": {"frozen": frozen, "claw": claw}, "cycle": cycle,
-                         "wall_s": {"eval": round(t_eval, 1), "day": round(dt, 1)}})
-        log(f"seed {seed} day {d}: frozen {frozen['successes']}/{frozen['judged_episodes']}, "
-            f"claw {claw['successes']}/{claw['judged_episodes']} (rule steps "
-            f"{100 * claw['decided']['rule']:.1f}%); cycle: admitted {rep['admitted']}, "
-            f"promoted {cycle['promoted']}, evicted {[e['eu'] for e in cycle['evicted']]}, "
-            f"active {[u['id'] for u in cycle['active_after']]}; {dt:.0f}s "
-            f"(eval {t_eval:.0f}s, {runner.episodes} validation episodes)")
-        yield days_out[-1]
+        sample = rng.sample(train, args.n_train)  # the day's training tasks, every arm's
+        day: dict[str, Any] = {"day": d, "eval_seed": ev_seed, "collect_seed": col_seed,
+                               "train_tasks": sample, "arms": {}, "rules_at_eval": {},
+                               "active_at_eval": {}, "cycles": {}, "updates": {},
+                               "wall_s": {}}
+        for name, arm in arms.items():
+            ta = time.time()
+            rules = arm.rules()
+            day["rules_at_eval"][name] = rules
+            if arm.bank is not None:
+                day["active_at_eval"][name] = _units(arm.bank, "active")
+            if name == "claw" and not rules.strip() and "frozen" in day["arms"]:
+                # no active unit: the claw arm is H0 on the frozen policy, the same seeds and
+                # salt: the frozen arm's episodes
+                day["arms"][name] = dict(day["arms"]["frozen"], same_as_frozen=True)
+            else:
+                day["arms"][name] = held_out(arm, fleet, rules, test, ev_seed)
+            if name != "frozen":  # the day's experience: the training tasks, the same seeds
+                screens = arm.trainer.screens if arm.trainer else ScreenTable()
+                eps = fleet.collect(arm.agent(rules, screens, col_seed), sample, screens,
+                                    id_prefix=f"{name}-day{d}", seed=col_seed,
+                                    source=Source.ONLINE, iteration=arm.updates + 1)
+                if arm.trainer is not None:
+                    day["updates"][name] = arm.update(eps, seed, d)
+                if arm.bank is not None:
+                    day["cycles"][name] = _cycle(arm, fleet, eps, col_seed, d)
+            day["wall_s"][name] = round(time.time() - ta, 1)
+        day["wall_s"]["day"] = round(time.time() - t0, 1)
+        msg = ", ".join(f"{n} {r['successes']}/{r['judged_episodes']}"
+                        for n, r in day["arms"].items())
+        for n, cy in day["cycles"].items():
+            msg += (f"; {n} cycle: promoted {cy['promoted']}, evicted "
+                    f"{[e['eu'] for e in cy['evicted']]}, active "
+                    f"{[u['id'] for u in cy['active_after']]}")
+        log(f"seed {seed} day {d}: {msg}; {day['wall_s']['day']:.0f}s")
+        yield day
 
 
 def _fmt_rate(r: dict[str, Any]) -> str:
@@ -240,37 +283,53 @@ def _n(x: Any, fmt: str = ".2f") -> str:
 
 
 def write_md(res: dict[str, Any], path: Path, findings: str = "") -> None:
-    lines = ["# E3: Darwin-Claw experience units under drift (issue 30)", "",
-             f"Frozen shipped Web Shopping policy, grammar-constrained decoding; pass@1 on the "
-             f"first {res['args']['n_test']} test tasks per day; Wilson 95% intervals. "
+    arms = list(res["args"].get("arms", ARMS))
+    lines = ["# E3: Darwin-Claw experience units and DigiRL online under drift (issue 30)", "",
+             f"The shipped Web Shopping policy, grammar-constrained decoding; arms: "
+             f"{', '.join(arms)}. Pass@1 on the first {res['args']['n_test']} test tasks per "
+             f"day, every arm on the same env seeds and CRN salt; Wilson 95% intervals. "
              f"Command: `{res['command']}`; code at commit `{res['commit']}`.", ""]
+    head = (["day"] + arms + [f"{a}: steps by rules" for a in arms if a in ("claw", "both")]
+            + [f"{a}: active units at eval (S, e, c)" for a in arms if a in ("claw", "both")]
+            + [f"{a}: promoted / evicted" for a in arms if a in ("claw", "both")]
+            + [f"{a}: collected successes" for a in arms if a in ("digirl", "both")])
     for s in res["seeds"]:
-        lines += [f"## seed {s['seed']}", "",
-                  "| day | frozen | claw | claw steps by rules | active units at eval "
-                  "(S, e, c) | cycle: promoted / evicted | cycle: e of each unit validated |",
-                  "|---|---|---|---|---|---|---|"]
+        lines += [f"## seed {s['seed']}", "", "| " + " | ".join(head) + " |",
+                  "|" + "---|" * len(head)]
         for d in s["days"]:
-            fr, cl = d["arms"]["frozen"], d["arms"]["claw"]
-            act = ", ".join(f"{u['id']} ({_n(u['S'])}, {_n(u['e'], '+.2f')}, {_n(u['c'])})"
-                            for u in d["active_at_eval"]) or "none"
-            cy = d["cycle"]
-            ev = ", ".join(e["eu"] for e in cy["evicted"]) or "-"
-            lines.append(f"| {d['day']} | {_fmt_rate(fr)} | {_fmt_rate(cl)}"
-                         f"{' (= frozen)' if cl.get('same_as_frozen') else ''} | "
-                         f"{100 * cl['decided']['rule']:.1f}% | {act} | "
-                         f"{', '.join(cy['promoted']) or '-'} / {ev} | " + (", ".join(
-                             f"{k} {_n(v['e'], '+.2f')} ({v['pairs']})" if v["relevant"]
-                             else f"{k} n/r" for k, v in cy["validations"].items()) or "-")
-                         + " |")
+            row = [str(d["day"])]
+            for a in arms:
+                r = d["arms"][a]
+                row.append(_fmt_rate(r) + (" (= frozen)" if r.get("same_as_frozen") else ""))
+            for a in arms:
+                if a in ("claw", "both"):
+                    row.append(f"{100 * d['arms'][a]['decided']['rule']:.1f}%")
+            for a in arms:
+                if a in ("claw", "both"):
+                    row.append(", ".join(
+                        f"{u['id']} ({_n(u['S'])}, {_n(u['e'], '+.2f')}, {_n(u['c'])})"
+                        for u in d["active_at_eval"][a]) or "none")
+            for a in arms:
+                if a in ("claw", "both"):
+                    cy = d["cycles"][a]
+                    ev = ", ".join(e["eu"] for e in cy["evicted"]) or "-"
+                    row.append(f"{', '.join(cy['promoted']) or '-'} / {ev}")
+            for a in arms:
+                if a in ("digirl", "both"):
+                    u = d["updates"][a]
+                    row.append(f"{round(u.get('collect_success', 0) * res['args']['n_train'])}"
+                               f"/{res['args']['n_train']}")
+            lines.append("| " + " | ".join(row) + " |")
         lines.append("")
     if len(res["seeds"]) > 1:
-        lines += ["## pooled over seeds", "", "| day | frozen | claw |", "|---|---|---|"]
         from digirl_lite.judge.calibration import wilson_interval
 
+        lines += ["## pooled over seeds", "", "| day | " + " | ".join(arms) + " |",
+                  "|---|" + "---|" * len(arms)]
         days = [d["day"] for d in res["seeds"][0]["days"]]
         for i, day in enumerate(days):
             row = [str(day)]
-            for arm in ("frozen", "claw"):
+            for arm in arms:
                 ds = [s["days"][i] for s in res["seeds"] if len(s["days"]) > i]
                 k = sum(d["arms"][arm]["successes"] for d in ds)
                 n = sum(d["arms"][arm]["judged_episodes"] for d in ds)
@@ -292,6 +351,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--n-train", type=int, default=20, help="training tasks per day's cycle")
     p.add_argument("--n-envs", type=int, default=8)
     p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--arms", nargs="+", default=list(ARMS), choices=ARMS)
+    p.add_argument("--work", default="runs/claw_drift",
+                   help="the learning arms' run folders (metrics.jsonl, checkpoints)")
     p.add_argument("--out", default=str(ROOT / "benchmarks/results/harness/claw_drift.json"))
     p.add_argument("--findings", default="", help="a file whose text is the md's findings")
     p.add_argument("--merge", nargs="+", default=None, metavar="JSON",

@@ -624,7 +624,7 @@ def test_cycle_on_the_simulator_promotes_units_that_help(sim_fleet, tmp_path):
                             ScreenTable(), id_prefix="day", seed=100)
     traces = traces_from_episodes(eps)
     assert 0 < sum(t.success for t in traces) < len(traces)
-    runner = FleetRunner(sim_fleet, PopupBlind)
+    runner = FleetRunner(sim_fleet, lambda screens: PopupBlind())
     bank = ExperienceBank()
     rep = bank.cycle(traces, runner, [(t.task, t.seed) for t in traces])
     assert set(rep["admitted"]) == {"tap-popup-close", "unstick-back"}

@@ -1466,25 +1466,36 @@ def outcomes_from_episodes(episodes: Sequence[Any]) -> list[Outcome]:
 
 
 class FleetRunner:
-    """A :data:`Runner` on a fleet: a fresh :class:`~digirl_lite.harness.harness.HarnessAgent`
-    around ``make_agent()`` per call, whose skills are ``extra_rules_text`` (the unit under
-    test, first) then ``components``' own skills; each (task, seed) is one episode at env
-    seed ``seed`` (runs of consecutive seeds go to the fleet in one ``collect``).
+    """A :data:`Runner` on a fleet: for each run of consecutive seeds, a fresh
+    :class:`~digirl_lite.harness.harness.HarnessAgent` around ``make_agent(screens)``, whose
+    skills are ``extra_rules_text`` (the unit under test, first) then ``components``' own
+    skills; each (task, seed) is one episode at env seed ``seed`` (a run of consecutive seeds
+    goes to the fleet in one ``collect``, into its own screen table).
 
     Args:
         fleet: a fleet (``collect``) whose environments read the UI tree (``ui_tree``).
-        make_agent: ``() -> StepAgent`` (the frozen agent).
+        make_agent: ``(screens) -> StepAgent``, the frozen agent; ``screens`` is the
+            :class:`~digirl_lite.data.records.ScreenTable` the fleet records the run's
+            screens in (a :class:`~digirl_lite.harness.harness.PolicyAgent` reads its image
+            features from it).
         components: the harness around it (None: H0).
+        crn_salt: common random numbers (:attr:`PolicyAgent.crn_salt`): every call with the
+            same salt, so a run with a unit and one without draw the same noise wherever the
+            agent sees the same screen (None: the agent's own draws).
+        collect_kwargs: passed to every ``fleet.collect`` (``reset_options`` ...).
     """
 
-    def __init__(self, fleet: Any, make_agent: Callable[[], Any],
+    def __init__(self, fleet: Any, make_agent: Callable[[Any], Any],
                  components: dict[str, str] | None = None, id_prefix: str = "claw",
-                 width: int = 1080, height: int = 2280) -> None:
+                 width: int = 1080, height: int = 2280, crn_salt: int | None = None,
+                 collect_kwargs: dict[str, Any] | None = None) -> None:
         from digirl_lite.harness.harness import H0_COMPONENTS
 
         self.fleet, self.make_agent = fleet, make_agent
         self.components = dict(components or H0_COMPONENTS)
         self.id_prefix, self.width, self.height = id_prefix, width, height
+        self.crn_salt = crn_salt
+        self.collect_kwargs = dict(collect_kwargs or {})
         self.calls = 0
         self.episodes = 0
 
@@ -1496,8 +1507,6 @@ class FleetRunner:
         comps = dict(self.components)
         extra = extra_rules_text.strip()
         comps["skills"] = (extra + "\n" if extra else "") + comps.get("skills", "")
-        agent = HarnessAgent(comps, self.make_agent(), self.width, self.height,
-                             where="claw runner")
         runs: list[list[tuple[str, int]]] = []
         for t, s in tasks_seeds:
             if runs and runs[-1][-1][1] + 1 == s:
@@ -1506,9 +1515,14 @@ class FleetRunner:
                 runs.append([(t, s)])
         out: list[Outcome] = []
         for k, run in enumerate(runs):
-            eps = self.fleet.collect(agent, [t for t, _ in run], ScreenTable(),
+            screens = ScreenTable()
+            agent = HarnessAgent(comps, self.make_agent(screens), self.width, self.height,
+                                 where="claw runner")
+            if self.crn_salt is not None:
+                agent.crn_salt = self.crn_salt
+            eps = self.fleet.collect(agent, [t for t, _ in run], screens,
                                      id_prefix=f"{self.id_prefix}-{self.calls}-{k}",
-                                     seed=run[0][1])
+                                     seed=run[0][1], **self.collect_kwargs)
             out += outcomes_from_episodes(eps)
         self.calls += 1
         self.episodes += len(out)
