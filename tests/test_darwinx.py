@@ -207,6 +207,99 @@ def test_merge_keeps_the_child_only_when_it_solves_the_union(tmp_path):
         merge(TableRunner(), [v1], T, [{"t1"}])
 
 
+def _variant(loop, nid, h, solved, parent="n0000", kind="improver", G=1.0):
+    return loop.archive.add(Node(id=nid, parent=parent, generation=int(nid[1:]),
+                                 harness=h.as_dict(), candidate=h.id, G=G, kind=kind,
+                                 lineage_solved=sorted(solved), confirm={}))
+
+
+def test_gepa_s_merge_step_keeps_a_merge_only_when_it_solves_the_union(tmp_path):
+    """spec B's merge in the loop: v1 solves {t1, t3}, v2 {t1, t4}, both from H0; the merged
+    child is proposed to GEPA with its union tasks scored against a bar GEPA's rule
+    (merged sum >= the parents' largest) meets only when every task of the union is solved."""
+    h0 = Harness()
+    loop = DarwinX(TableRunner(), Sequence([]), T, tmp_path, merges=2)
+    loop.archive.add(Node(id="n0000", parent=None, generation=0, harness=h0.as_dict(),
+                          candidate=h0.id, kind="root", confirm={}))
+    v1 = h0.extend([rules("r-t1-3", "r-t3-3")])
+    v2 = h0.extend([rules("r-t1-3x", "r-t4-3")])
+    child_of_v1 = v1.extend([rules("r-t5-3")])
+    _variant(loop, "n0001", v1, {"t1", "t3"})
+    _variant(loop, "n0002", v2, {"t1", "t4"})
+    # an ancestor and its descendant are never a merge pair, nor is a stepping stone
+    _variant(loop, "n0003", child_of_v1, {"t1", "t3", "t5"}, parent="n0001")
+    loop.archive.get("n0003").kind = "stepping_stone"
+
+    class State:
+        program_candidates = [h0.components, v1.components, v2.components,
+                              child_of_v1.components]
+
+    prop = loop.propose_merge(State())
+    node = loop.archive.nodes[-1]
+    assert node.kind == "merge" and node.merged_from == ["n0001", "n0002"]
+    assert node.accepted and set(node.lineage_solved) >= {"t1", "t3", "t4"}
+    assert Harness.from_dict(node.harness).components == prop.candidate
+    assert prop.tag == "merge" and prop.parent_program_ids == [1, 2]
+    assert [T[i] for i in prop.subsample_indices] == ["t1", "t3", "t4"]
+    assert sum(prop.subsample_scores_after) >= max(prop.subsample_scores_before)  # GEPA keeps
+    assert node.G == 1.0 and node.generation == 1
+    assert loop.propose_merge(State()) is None  # that pair is done; no other pair is allowed
+    # a variant whose edit undoes the other's: the merged child misses t3; GEPA's rule
+    # then rejects the proposal, and the archive records why
+    v3 = h0.extend([rules("r-t4-3x", "r-t3-0")])
+    _variant(loop, "n0005", v3, {"t1", "t4", "t2"})
+    State.program_candidates.append(v3.components)
+    prop = loop.propose_merge(State())
+    node = loop.archive.nodes[-1]
+    assert node.merged_from == ["n0001", "n0005"] and not node.accepted
+    assert "t3" in node.reason and not node.lineage_solved
+    assert sum(prop.subsample_scores_after) < max(prop.subsample_scores_before)
+    line = json.loads((tmp_path / "generations.jsonl").read_text().splitlines()[-1])
+    assert line["merged_from"] == ["n0001", "n0005"] and line["kind"] == "merge"
+    assert [n.id for n in Archive.load(tmp_path / "archive.json").nodes][-1] == node.id
+
+
+def test_an_evolution_with_merges_adds_kept_merges_to_gepa_s_state(tmp_path):
+    """The whole loop with GEPA's merge step on: siblings from H0 (beta = 1: the parent is
+    drawn from the population), then their merge; a kept merge is confirmed like any
+    accepted child and can be the next parent."""
+    steps = [rules("r-t2-3"), rules("r-t3-3"), rules("r-t4-3"), rules("r-t5-3"),
+             rules("noop")]
+    found = None
+    for seed in range(8):
+        out = tmp_path / f"s{seed}"
+        loop = DarwinX(TableRunner(cache_path=out / "episodes.jsonl"), Sequence(steps), T, out,
+                       budget=200, k_screen=3, k_confirm=3, delta=0.5, beta=1.0, probe_k=3,
+                       seed=seed, base=Harness().extend([rules("r-t1-3")]).components,
+                       merges=3)
+        archive = loop.run()
+        merges = [n for n in archive.nodes if n.kind == "merge"]
+        for m in merges:
+            union = set().union(*(archive.get(i).lineage_solved for i in m.merged_from))
+            assert m.accepted == (union <= set(m.solved))
+            if m.accepted:
+                assert m.confirm is not None  # GEPA evaluated it on its validation set
+        if any(m.accepted for m in merges):
+            found = (seed, archive)
+            break
+    assert found is not None, "no seed gave two complementary siblings to merge"
+    seed, archive = found
+    m = next(n for n in archive.nodes if n.kind == "merge" and n.accepted)
+    a, b = (archive.get(i) for i in m.merged_from)
+    assert a.parent is not None and b.parent is not None and a.id != b.id
+    assert set(m.lineage_solved) >= set(a.lineage_solved) | set(b.lineage_solved)
+    # the same command again (as after kill -9) replays the run, merges included, from the
+    # episode cache: the same archive, no episode played again
+    out = tmp_path / f"s{seed}"
+    runner = TableRunner(cache_path=out / "episodes.jsonl")
+    again = DarwinX(runner, Sequence(steps), T, out, budget=200, k_screen=3, k_confirm=3,
+                    delta=0.5, beta=1.0, probe_k=3, seed=seed,
+                    base=Harness().extend([rules("r-t1-3")]).components, merges=3).run()
+    assert [(n.id, n.kind, n.accepted, n.merged_from) for n in again.nodes] == \
+        [(n.id, n.kind, n.accepted, n.merged_from) for n in archive.nodes]
+    assert runner.played == 0
+
+
 # ---------------------------------------------------------------------------------------
 # the loop on GEPA's engine
 # ---------------------------------------------------------------------------------------

@@ -19,7 +19,9 @@ here and plugged into those hooks:
 - parent sampling p* ~ (1 - beta) argmax G over confirmed variants + beta uniform over the
   population (:class:`LineageSelector`);
 - the kinds of child (:func:`classify`) and the merge of complementary variants, kept only
-  when it solves the union of their solved sets (:func:`merge`);
+  when it solves the union of their solved sets: in the loop, GEPA's merge step with
+  DarwinX's pair, child and rule (``merges``, :meth:`DarwinX.propose_merge`); across runs,
+  :func:`merge`;
 - evidence for the proposer (:func:`~digirl_lite.harness.runner.evidence_from`) and the
   shared memory K_g (:class:`~digirl_lite.harness.evidence.Memory`).
 
@@ -53,7 +55,8 @@ from digirl_lite.harness.harness import (
 from digirl_lite.harness.runner import HarnessRunner, Outcome, evidence_from
 
 __all__ = ["gate", "GateResult", "solved_set", "classify", "Node", "Archive", "select_parent",
-           "DarwinX", "DarwinGate", "LineageSelector", "HarnessAdapter", "merge", "avg_at_k",
+           "DarwinX", "DarwinGate", "LineageSelector", "HarnessAdapter", "merge", "merge_harness",
+           "avg_at_k",
            "SOLVED", "ACCEPT_MODES"]
 
 log = logging.getLogger("digirl_lite.harness")
@@ -153,6 +156,8 @@ class Node:
     evidence: dict[str, int] = field(default_factory=dict)
     decided: dict[str, int] = field(default_factory=dict)
     t: float = 0.0
+    merged_from: list[str] = field(default_factory=list)
+    """A merge (``kind`` "merge"): the ids of the variants merged (``parent`` is the first)."""
 
     @property
     def confirmed(self) -> bool:
@@ -298,6 +303,32 @@ class DarwinGate:
         return self.last_reason
 
 
+def _merge_proposer_class() -> type:
+    """:class:`DarwinMerge` on GEPA's ``MergeProposer`` (built on first use: gepa is an
+    optional dependency)."""
+    from gepa.proposer.merge import MergeProposer
+
+    class DarwinMerge(MergeProposer):
+        """GEPA's merge step with DarwinX's rule. GEPA schedules a merge after each accepted
+        child (at most ``max_merge_invocations`` kept) and keeps the proposal when its
+        subsample score sum reaches its parents' largest; GEPA's own merge picks each
+        component from one parent. Here the pair is two complementary variants in the
+        archive (:meth:`DarwinX.propose_merge`), the child is H0 (+) Delta_1 (+) Delta_2 (the
+        skills of both, not one side's), and its subsample is the union of their solved
+        sets, scored 1 per task the child solves there (avg@k_screen >= 1/2) against a bar
+        of the union's size for each parent: GEPA keeps the merge exactly when the child
+        solves the whole union (spec/DARWIN.md B)."""
+
+        def __init__(self, loop: DarwinX, **kw: Any) -> None:
+            super().__init__(**kw)
+            self.loop = loop
+
+        def propose(self, state: Any) -> Any:
+            return self.loop.propose_merge(state)
+
+    return DarwinMerge
+
+
 class _Callbacks:
     """GEPA callbacks: the confirmation (validation set, k_confirm) of accepted variants."""
 
@@ -351,6 +382,11 @@ class DarwinX:
         max_generations: stop after this many generations (None: the budget alone). The
             loop also stops when :data:`STALL_GENERATIONS` generations in a row measured
             nothing new (:attr:`stopped` says why it stopped).
+        merges: GEPA's merge step (``use_merge``) with at most this many merges kept (its
+            ``max_merge_invocations``; 0: no merge step): after an accepted child, the next
+            generation tries to merge two complementary variants of the archive
+            (:meth:`propose_merge`), kept only when the child solves the union of their
+            solved sets.
     """
 
     def __init__(self, runner: HarnessRunner, proposer: Proposer, tasks: Sequence[str],
@@ -359,7 +395,7 @@ class DarwinX:
                  accept: str = "gate", probe_k: int = 3, seed: int = 0,
                  base: dict[str, str] | None = None,
                  on_generation: Callable[[dict[str, Any]], None] | None = None,
-                 max_generations: int | None = None) -> None:
+                 max_generations: int | None = None, merges: int = 0) -> None:
         if accept not in ACCEPT_MODES:
             raise ValueError(f"accept must be one of {ACCEPT_MODES}, got {accept!r}")
         if len(set(tasks)) != len(tasks) or not tasks:
@@ -374,6 +410,9 @@ class DarwinX:
         self.base = dict(base or H0_COMPONENTS)
         self.on_generation = on_generation
         self.max_generations = max_generations
+        if merges < 0:
+            raise ValueError(f"merges must be >= 0, got {merges}")
+        self.merges = merges
         self.stopped = ""  # why the loop stopped
         self.stalled = 0  # generations in a row that measured nothing new
         self._episodes_at_gen = 0
@@ -446,6 +485,101 @@ class DarwinX:
         comps = child.components
         self._pending[candidate_id(comps)] = (child, list(edits), "")
         return comps
+
+    # -- merge ---------------------------------------------------------------------------
+    def merge_pair(self) -> tuple[Node, Node] | None:
+        """The next pair to merge: two confirmed variants (improvers, neutral children,
+        merges: spec B's recombinable kinds), neither an ancestor of the other, each solving
+        a task the other does not (their ``lineage_solved``), not merged before; the pair
+        with the largest union, the newest on ties. None when there is none."""
+        nodes = {n.id: n for n in self.archive.nodes}
+
+        def ancestors(n: Node) -> set[str]:
+            out: set[str] = set()
+            todo = [n.parent, *n.merged_from]
+            while todo:
+                i = todo.pop()
+                if i is not None and i not in out and i in nodes:
+                    out.add(i)
+                    todo += [nodes[i].parent, *nodes[i].merged_from]
+            return out
+
+        tried = {tuple(sorted(n.merged_from)) for n in self.archive.nodes if n.merged_from}
+        pool = [n for n in self.archive.population()
+                if n.confirmed and n.kind in ("improver", "neutral", "merge")]
+        best: tuple[int, int, int] | None = None
+        pair = None
+        for i, a in enumerate(pool):
+            for j in range(i + 1, len(pool)):
+                b = pool[j]
+                sa, sb = set(a.lineage_solved), set(b.lineage_solved)
+                if (tuple(sorted((a.id, b.id))) in tried or not sa - sb or not sb - sa
+                        or a.id in ancestors(b) or b.id in ancestors(a)):
+                    continue
+                key = (len(sa | sb), i, j)
+                if best is None or key > best:
+                    best, pair = key, (a, b)
+        return pair
+
+    def propose_merge(self, state: Any) -> Any:
+        """GEPA's merge proposal (:class:`DarwinMerge`): the pair of :meth:`merge_pair`
+        merged (:func:`merge_harness`), played ``k_screen`` times on the union of their
+        solved sets at fresh seeds, and recorded in the archive as a node of kind "merge",
+        accepted when it solves the whole union. None when there is no pair (or the merged
+        harness is one the archive holds)."""
+        from gepa.proposer.base import CandidateProposal
+
+        pair = self.merge_pair()
+        if pair is None:
+            return None
+        a, b = pair
+        idx = {candidate_id(c): i for i, c in enumerate(state.program_candidates)}
+        if a.candidate not in idx or b.candidate not in idx:
+            return None
+        self.generation += 1
+        union = sorted(set(a.lineage_solved) | set(b.lineage_solved))
+        node = Node(id=f"n{len(self.archive.nodes):04d}", parent=a.id,
+                    generation=self.generation, harness={}, merged_from=[a.id, b.id],
+                    kind="merge", G=max(a.G, b.G), proposer="merge", t=time.time())
+        try:
+            child = merge_harness([Harness.from_dict(a.harness), Harness.from_dict(b.harness)])
+        except (EditError, ValueError) as e:
+            child = None
+            node.harness, node.accepted = a.harness, False
+            node.reason = f"the edits do not combine: {e}"
+        rates: dict[str, float] = {}
+        if child is not None:
+            cid = candidate_id(child.components)
+            node.harness, node.candidate = child.as_dict(), cid
+            have = {(e.kind, e.content) for e in Harness.from_dict(a.harness).edits}
+            node.edits = [e.as_dict() for e in child.edits if (e.kind, e.content) not in have]
+            if self.archive.accepted_by_candidate(cid) is not None:
+                node.accepted, node.reason = False, "the merge equals a variant in the archive"
+            else:
+                seed = 1_000_000 * (self.seed + 1) + 700_000 + 10_000 * self.generation
+                rates = avg_at_k(self.play(child.components, union, self.k_screen, seed))
+                solved = solved_set(rates)
+                missing = sorted(set(union) - solved)
+                node.screen, node.solved = rates, sorted(solved)
+                node.accepted = not missing
+                node.reason = ("covers the union of its parents' solved sets" if not missing
+                               else f"misses {missing} of the union")
+                if node.accepted:
+                    node.lineage_solved = sorted(set(union) | solved)
+        self.archive.add(node)
+        self.stalled = self.stalled + 1 if self.episodes == self._episodes_at_gen else 0
+        self._episodes_at_gen = self.episodes
+        self._log(node)
+        if child is None or node.candidate == "" or (not rates and not node.accepted):
+            return None  # nothing GEPA should evaluate
+        bar = float(len(union))
+        return CandidateProposal(
+            candidate=child.components, parent_program_ids=[idx[a.candidate], idx[b.candidate]],
+            subsample_indices=[self.tasks.index(t) for t in union if t in self.tasks],
+            subsample_scores_before=[bar, bar],
+            subsample_scores_after=[1.0 if rates.get(t, 0.0) >= SOLVED - 1e-9 else 0.0
+                                    for t in union],
+            tag="merge", metadata={"node": node.id, "merged_from": node.merged_from})
 
     # -- the gate ------------------------------------------------------------------------
     def judge_child(self, proposal: Any, state: Any) -> tuple[bool, str]:
@@ -556,6 +690,8 @@ class DarwinX:
                 "G": node.G, "reason": node.reason, "screen_mean": _mean(node.screen),
                 "solved": len(node.solved), "lineage_solved": len(node.lineage_solved),
                 "edits": node.edits, "episodes": self.episodes, "t": node.t}
+        if node.merged_from:
+            line["merged_from"] = node.merged_from
         if self._replayed < self._logged_before:
             self._replayed += 1  # already in the log (a replay after kill -9)
         else:
@@ -602,13 +738,25 @@ class DarwinX:
             def next_minibatch_ids(self, loader: Any, state: Any) -> list[int]:
                 return list(loader.all_ids())
 
-        gepa.optimize(
-            seed_candidate=comps, trainset=train, valset=val, adapter=HarnessAdapter(loop),
-            candidate_selection_strategy=LineageSelector(loop), batch_sampler=_Sampler(),
-            module_selector="all", skip_perfect_score=False,
-            acceptance_criterion=DarwinGate(loop), stop_callbacks=[_Budget(loop)],
-            callbacks=[_Callbacks(loop)], seed=self.seed, raise_on_exception=True,
-            display_progress_bar=False, logger=_QuietLogger())
+        import gepa.api
+
+        # gepa.optimize builds its merge proposer from the name ``MergeProposer`` of its api
+        # module, with no argument to pass one in: the name is DarwinMerge for this call
+        gepa_merge = gepa.api.MergeProposer
+        if self.merges:
+            darwin_merge = _merge_proposer_class()
+            gepa.api.MergeProposer = lambda **kw: darwin_merge(loop, **kw)
+        try:
+            gepa.optimize(
+                seed_candidate=comps, trainset=train, valset=val, adapter=HarnessAdapter(loop),
+                candidate_selection_strategy=LineageSelector(loop), batch_sampler=_Sampler(),
+                module_selector="all", skip_perfect_score=False,
+                acceptance_criterion=DarwinGate(loop), stop_callbacks=[_Budget(loop)],
+                callbacks=[_Callbacks(loop)], seed=self.seed, raise_on_exception=True,
+                display_progress_bar=False, logger=_QuietLogger(),
+                use_merge=self.merges > 0, max_merge_invocations=max(self.merges, 1))
+        finally:
+            gepa.api.MergeProposer = gepa_merge
         self._save()
         return self.archive
 
@@ -622,12 +770,10 @@ def _mean(d: dict[str, float]) -> float | None:
     return sum(d.values()) / len(d) if d else None
 
 
-def merge(runner: HarnessRunner, variants: Sequence[Harness], tasks: Sequence[str],
-          solved_sets: Sequence[set[str]], *, k: int = 3, seed: int = 0) -> dict[str, Any]:
-    """Merge complementary variants of one ancestor: child = H0 (+) (Delta_1 (+) ... (+)
-    Delta_n), their edits in order (a rule id two variants share is taken once). Kept only
-    when the child solves the union of their solved sets (avg@k >= 1/2 on each task of it,
-    at ``k`` episodes from seed ``seed``). Returns the child, its rates and the verdict."""
+def merge_harness(variants: Sequence[Harness]) -> Harness:
+    """H0 (+) (Delta_1 (+) ... (+) Delta_n): the variants' edits in order, an edit two of
+    them share taken once. ValueError when they are fewer than two or do not share their
+    H0; :class:`EditError` when the edits do not combine."""
     if len(variants) < 2:
         raise ValueError("a merge needs two variants or more")
     base = variants[0].base
@@ -640,8 +786,18 @@ def merge(runner: HarnessRunner, variants: Sequence[Harness], tasks: Sequence[st
             if (e.kind, e.content) not in seen:
                 seen.add((e.kind, e.content))
                 edits.append(e)
+    return Harness(dict(base), []).extend(edits)
+
+
+def merge(runner: HarnessRunner, variants: Sequence[Harness], tasks: Sequence[str],
+          solved_sets: Sequence[set[str]], *, k: int = 3, seed: int = 0) -> dict[str, Any]:
+    """Merge complementary variants of one ancestor outside a run (:func:`merge_harness`),
+    e.g. variants evolved by separate runs. Kept only when the child solves the union of
+    their solved sets (avg@k >= 1/2 on each task of it, at ``k`` episodes from seed
+    ``seed``). Returns the child, its rates and the verdict. Inside a run, GEPA's merge
+    step does this (``DarwinX(merges=...)``)."""
     try:
-        child = Harness(dict(base), []).extend(edits)
+        child = merge_harness(variants)
     except EditError as e:
         return {"kept": False, "reason": f"the edits do not combine: {e}", "child": None}
     union = set().union(*solved_sets)

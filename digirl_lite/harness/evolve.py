@@ -51,6 +51,8 @@ class EvolveConfig:
         k_screen, k_confirm, probe_k: avg@k to screen, to confirm, and per probed task.
         delta: the regression R a promoted child may have (in tasks' worth of solve rate).
         beta: the Broaden share of parent sampling.
+        merges: GEPA's merge step in the loop, at most this many merges kept (0: none; a
+            merge is kept only when it solves the union of its parents' solved sets).
         eval_tasks: held-out test tasks (the first N of the world's test list).
         n_envs: simulated phones; fleet: "sync" or "process".
         temperature: the policy's sampling temperature (the project's evaluations: 1.0).
@@ -75,6 +77,7 @@ class EvolveConfig:
     probe_k: int = 3
     delta: float = 1.0
     beta: float = 0.2
+    merges: int = 0
     eval_tasks: int = 96
     n_envs: int = 16
     fleet: str = "sync"
@@ -113,6 +116,8 @@ class EvolveConfig:
                 bad(name, f"must be an int >= 1, got {v!r}")
         if not 0 <= self.beta <= 1:
             bad("beta", f"must be in [0, 1], got {self.beta}")
+        if isinstance(self.merges, bool) or not isinstance(self.merges, int) or self.merges < 0:
+            bad("merges", f"must be an int >= 0, got {self.merges!r}")
         if self.delta < 0:
             bad("delta", f"must be >= 0, got {self.delta}")
         if self.fleet not in ("sync", "process"):
@@ -329,7 +334,7 @@ def run_evolution(cfg: EvolveConfig, out: str | Path, resume: bool = False,
     dx = DarwinX(runner, _proposer(cfg, out), evo, out / "darwinx", budget=cfg.budget,
                  k_screen=cfg.k_screen, k_confirm=cfg.k_confirm, delta=cfg.delta,
                  beta=cfg.beta, accept=cfg.accept, probe_k=cfg.probe_k, seed=cfg.seed,
-                 on_generation=on_gen)
+                 on_generation=on_gen, merges=cfg.merges)
     archive: Archive = dx.run()
     import random
 
