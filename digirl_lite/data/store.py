@@ -125,6 +125,17 @@ def _traj_row(t: Trajectory) -> dict[str, Any]:
     }
 
 
+def _traj_from_row(r: dict[str, Any], steps: Sequence[Step]) -> Trajectory:
+    """The trajectory of a :func:`_traj_row` row and its steps (``num_steps`` is the
+    caller's to check)."""
+    return Trajectory(
+        traj_id=r["traj_id"], task=r["task"], steps=tuple(steps),
+        final_reward=r["final_reward"], ending=r["ending"], source=Source(r["source"]),
+        iteration=r["iteration"], horizon=r["horizon"],
+        seeds=json.loads(r["seeds_json"] or "{}"), truncation_reason=r["truncation_reason"],
+    )
+
+
 def _step_row(t: Trajectory, i: int, s: Step) -> dict[str, Any]:
     a = s.action
     return {
@@ -550,14 +561,7 @@ class TrajectoryStore:
                     raise StoreError(f"{where} should have steps 0..{r['num_steps'] - 1}, "
                                      f"found {[x['step_index'] for x in rows][:10]}")
                 try:
-                    steps = [_step_from_row(x) for x in rows]
-                    trajectories.append(Trajectory(
-                        traj_id=r["traj_id"], task=r["task"], steps=tuple(steps),
-                        final_reward=r["final_reward"], ending=r["ending"],
-                        source=Source(r["source"]), iteration=r["iteration"],
-                        horizon=r["horizon"], seeds=json.loads(r["seeds_json"] or "{}"),
-                        truncation_reason=r["truncation_reason"],
-                    ))
+                    trajectories.append(_traj_from_row(r, [_step_from_row(x) for x in rows]))
                 except (ValueError, TypeError, KeyError) as e:
                     raise StoreError(f"{where} is corrupt: {e}") from e
             if by_traj:

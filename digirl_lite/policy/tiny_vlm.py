@@ -23,7 +23,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-__all__ = ["TINY_VLM", "make_tiny_vlm", "CHAT_TEMPLATE"]
+__all__ = ["TINY_VLM", "make_tiny_vlm", "CHAT_TEMPLATE", "TINY_LM", "make_tiny_chat_lm"]
 
 TINY_VLM: dict[str, Any] = {
     # text: a 2-layer Qwen2 decoder
@@ -55,7 +55,8 @@ SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>",
            "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"]
 
 
-def _tokenizer(vocab_size: int, seed: int):
+def _tokenizer(vocab_size: int, seed: int, special: list[str] = SPECIAL,
+               chat_template: str = CHAT_TEMPLATE, extra_text: tuple[str, ...] = ()):
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import Qwen2TokenizerFast
 
@@ -64,16 +65,71 @@ def _tokenizer(vocab_size: int, seed: int):
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL,
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=special,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
                                   show_progress=False)
-    tok.train_from_iterator(sim_corpus(seed=seed, n_demos=20), trainer=trainer)
+    corpus = list(sim_corpus(seed=seed, n_demos=20)) + list(extra_text)
+    tok.train_from_iterator(corpus, trainer=trainer)
     # the action format's pieces and every 4-decimal coordinate as one token each, as in
     # the Auto-UI preset's tokenizer: a tap is then ~13 tokens to write, not ~56
     tok.add_tokens([AddedToken(p, normalized=False) for p in ACTION_PIECES + COORD_PIECES])
     return Qwen2TokenizerFast(tokenizer_object=tok, bos_token=None, eos_token="<|im_end|>",
                               pad_token="<|endoftext|>", unk_token=None,
-                              additional_special_tokens=SPECIAL[1:], chat_template=CHAT_TEMPLATE)
+                              additional_special_tokens=special[1:], chat_template=chat_template)
+
+
+TINY_LM: dict[str, Any] = {"hidden_size": 64, "intermediate_size": 256, "num_hidden_layers": 2,
+                           "num_attention_heads": 4, "num_key_value_heads": 2,
+                           "vocab_size": 1024}
+"""The tiny text model's sizes (:func:`make_tiny_chat_lm`)."""
+
+QWEN3_SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<tool_call>", "</tool_call>",
+                 "<tool_response>", "</tool_response>", "<think>", "</think>"]
+
+
+def make_tiny_chat_lm(out: str | Path, seed: int = 0, **overrides: Any) -> Path:
+    """Write a tiny random Qwen3 causal LM (:data:`TINY_LM`, with ``overrides``) whose
+    tokenizer carries Qwen3's chat template with tool calling (TRL's copy of it,
+    ``trl.chat_template_utils.qwen3_chat_template``, so TRL's GRPOTrainer parses its tool
+    calls as it does Qwen3's) into ``out``; returns the directory. Offline and deterministic
+    in ``seed``: the model TRL recipes and tests run at tiny size (it writes noise; the point
+    is the plumbing)."""
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    try:
+        from trl.chat_template_utils import qwen3_chat_template
+    except ImportError as e:
+        raise ImportError("make_tiny_chat_lm takes Qwen3's chat template from TRL: pip install "
+                          "'digirl-lite[trl]'") from e
+    s = {**TINY_LM, **overrides}
+    unknown = set(overrides) - set(TINY_LM)
+    if unknown:
+        raise ValueError(f"unknown tiny LM sizes {sorted(unknown)} (known: {sorted(TINY_LM)})")
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    tok = _tokenizer(s["vocab_size"], seed, QWEN3_SPECIAL, qwen3_chat_template,
+                     extra_text=(qwen3_chat_template,))
+    ids = {t: tok.convert_tokens_to_ids(t) for t in QWEN3_SPECIAL}
+    config = Qwen3Config(vocab_size=len(tok), hidden_size=s["hidden_size"],
+                         intermediate_size=s["intermediate_size"],
+                         num_hidden_layers=s["num_hidden_layers"],
+                         num_attention_heads=s["num_attention_heads"],
+                         num_key_value_heads=s["num_key_value_heads"],
+                         head_dim=s["hidden_size"] // s["num_attention_heads"],
+                         max_position_embeddings=8192, bos_token_id=ids["<|endoftext|>"],
+                         eos_token_id=ids["<|im_end|>"], pad_token_id=ids["<|endoftext|>"],
+                         tie_word_embeddings=True)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = Qwen3ForCausalLM(config)
+    model.generation_config.eos_token_id = ids["<|im_end|>"]
+    model.generation_config.pad_token_id = ids["<|endoftext|>"]
+    model.save_pretrained(str(out))
+    tok.save_pretrained(str(out))
+    (out / "tiny_lm.json").write_text(json.dumps({"made_by": "digirl_lite make_tiny_chat_lm",
+                                                 "seed": seed, **s}, indent=1))
+    return out
 
 
 def make_tiny_vlm(out: str | Path, seed: int = 0, **overrides: Any) -> Path:
