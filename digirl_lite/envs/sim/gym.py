@@ -18,8 +18,9 @@ the phone's 1080 x 2280 screen scaled down), ``goal`` (``Text``: the instruction
 character set (printable characters of Unicode's basic plane, and newlines) is written as
 U+FFFD.
 
-**Action**: ``Text`` in the library's action format (:mod:`digirl_lite.actions`: ``Action
-Type: DUAL_POINT, Touch Point: [y, x], Lift Point: [y, x], Typed Text: ""``), or with
+**Action**: ``Text`` in the library's action format (what
+:func:`~digirl_lite.actions.format_action` writes: ``Action Decision: "action_type":
+"DUAL_POINT", "touch_point": "[y, x]", "lift_point": "[y, x]", "typed_text": ""``), or with
 ``action_space="structured"`` a ``Dict`` (``action_type``: ``Discrete`` over
 :data:`ACTION_TYPES`; ``touch_point``, ``lift_point``: ``Box`` (y, x) in [0, 1];
 ``typed_text``: ``Text``) for agents that do not write text. An action that does not parse
@@ -39,6 +40,7 @@ renders the screen at ``screen_size``.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -53,7 +55,7 @@ except ImportError as e:  # pragma: no cover - gymnasium is a base dependency
 from digirl_lite.actions import NO_POINT, Action, ActionParseError, ActionType, format_action
 from digirl_lite.envs.sim.env import SimPhoneEnv
 
-__all__ = ["SimPhoneGymEnv", "ACTION_TYPES", "WORLDS", "CHARSET"]
+__all__ = ["SimPhoneGymEnv", "ACTION_TYPES", "WORLDS", "CHARSET", "structured_action_text"]
 
 WORLDS = ("webshop", "general")
 ACTION_TYPES = tuple(t for t in ActionType if t is not ActionType.INVALID)
@@ -72,6 +74,30 @@ _OPTIONS = ("world", "split", "task", "tasks", "seed", "screen_size", "ui_tree",
 def _text(s: str, limit: int = MAX_TEXT) -> str:
     s = "".join(c if c in _CHARS else _REPLACEMENT for c in str(s))
     return s[:limit]
+
+
+def structured_action_text(action: Mapping[str, Any]) -> str:
+    """The action-format string a structured action stands for (the ``Dict`` action space's,
+    and the OpenEnv server's structured actions): ``action_type`` (an index into
+    :data:`ACTION_TYPES`, or its name), ``touch_point`` and ``lift_point`` ((y, x) in [0, 1];
+    DUAL_POINT), ``typed_text`` (TYPE). One that is not an action (a TYPE with no text, a
+    point off the screen, an unknown type) gives a string that does not parse and says why:
+    an unparseable step, never an exception."""
+    try:
+        kind = action["action_type"]
+        atype = ActionType(kind) if isinstance(kind, str) else ACTION_TYPES[int(kind)]
+        if atype not in ACTION_TYPES:
+            raise ValueError(f"{kind!r} is not an action type")
+        if atype is ActionType.DUAL_POINT:
+            a = Action(atype, tuple(float(v) for v in action["touch_point"]),
+                       tuple(float(v) for v in action["lift_point"]))
+        elif atype is ActionType.TYPE:
+            a = Action(atype, NO_POINT, NO_POINT, str(action.get("typed_text", "")))
+        else:
+            a = Action(atype)
+        return format_action(a)
+    except (ActionParseError, KeyError, IndexError, TypeError, ValueError) as e:
+        return f"not an action: {type(e).__name__}: {e}"[:200]
 
 
 class SimPhoneGymEnv(gym.Env):
@@ -182,18 +208,7 @@ class SimPhoneGymEnv(gym.Env):
         action that is not an action: a string that does not parse, saying why)."""
         if not self.structured:
             return action if isinstance(action, str) else f"not a string: {action!r}"[:200]
-        try:
-            atype = ACTION_TYPES[int(action["action_type"])]
-            if atype is ActionType.DUAL_POINT:
-                a = Action(atype, tuple(float(v) for v in action["touch_point"]),
-                           tuple(float(v) for v in action["lift_point"]))
-            elif atype is ActionType.TYPE:
-                a = Action(atype, NO_POINT, NO_POINT, str(action.get("typed_text", "")))
-            else:
-                a = Action(atype)
-            return format_action(a)
-        except (ActionParseError, KeyError, IndexError, TypeError, ValueError) as e:
-            return f"not an action: {type(e).__name__}: {e}"[:200]
+        return structured_action_text(action)
 
     # -- the API --------------------------------------------------------------------------
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
