@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 import time
@@ -30,23 +29,6 @@ HOME = format_action(Action("PRESS_HOME"))
 START_TIMEOUT_S = 120.0  # the server imports openenv-core (gradio, fastmcp): slow on a busy CI
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Server:
-    def __init__(self, proc: subprocess.Popen, port: int, log: Path) -> None:
-        self.proc, self.port, self.log = proc, port, log
-        self.url = f"http://127.0.0.1:{port}"
-
-    def alive(self) -> bool:
-        import requests
-
-        return self.proc.poll() is None and requests.get(f"{self.url}/health", timeout=5).ok
-
-
 @pytest.fixture(scope="module")
 def oe():
     """The module under test (skips, or fails under CI, without openenv-core)."""
@@ -58,42 +40,16 @@ def oe():
 
 @pytest.fixture(scope="module")
 def server(oe, tmp_path_factory):
-    """The real server on a free port of 127.0.0.1; stopped (this process only, by its pid)
-    when the module's tests are done."""
-    import requests
-
-    port = _free_port()
+    """The real server on a free port of 127.0.0.1 (:class:`LocalServer`); stopped (this
+    process only, by its pid) when the module's tests are done."""
     log = tmp_path_factory.mktemp("openenv") / "server.log"
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "digirl_lite.envs.sim.openenv", "--host", "127.0.0.1",
-             "--port", str(port), "--max-sessions", "4", "--log-level", "warning"],
-            cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
-            env={**os.environ, "OMP_NUM_THREADS": "1"})
-    srv = Server(proc, port, log)
     try:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"the server exited ({proc.returncode}):\n{log.read_text()[-3000:]}")
-            try:
-                if requests.get(f"{srv.url}/health", timeout=2).ok:
-                    break
-            except requests.ConnectionError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"the server did not answer in {START_TIMEOUT_S} s:\n"
-                            f"{log.read_text()[-3000:]}")
-            time.sleep(0.25)
+        srv = oe.LocalServer(["--max-sessions", "4", "--log-level", "warning"], log=str(log),
+                             start_timeout_s=START_TIMEOUT_S)
+    except RuntimeError as e:
+        pytest.fail(str(e))
+    with srv:
         yield srv
-    finally:
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=10)
 
 
 @pytest.fixture
@@ -271,7 +227,7 @@ def test_clients_hanging_up_leave_no_errors_in_the_server_log(oe, server):
             env.reset(task=TASK, seed=seed, screenshot=False)
     time.sleep(1.0)  # the server closes its side after the client's hang-up
     assert server.alive()
-    log = server.log.read_text()
+    log = Path(server.log).read_text()
     assert "Traceback" not in log and "Exception in ASGI application" not in log, log[-2000:]
 
 

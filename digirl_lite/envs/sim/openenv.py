@@ -80,7 +80,7 @@ from digirl_lite.envs.sim.gym import SimPhoneGymEnv, structured_action_text
 
 __all__ = ["SimPhoneAction", "SimPhoneObservation", "SimPhoneState", "SimPhoneEnvironment",
            "SimPhoneClient", "NoEpisodeError", "make_app", "main", "CONFIG_OPTIONS",
-           "EPISODE_OPTIONS"]
+           "EPISODE_OPTIONS", "LocalServer"]
 
 CONFIG_OPTIONS = ("world", "split", "task", "tasks", "seed", "screen_size", "ui_tree",
                   "max_nodes", "judge", "horizon", "day", "surprises", "faults")
@@ -469,6 +469,83 @@ class _QuietClose:
             await self.app(scope, receive, send)
         except WebSocketDisconnect:
             pass
+
+
+class LocalServer:
+    """``python -m digirl_lite.envs.sim.openenv`` started as a child process on 127.0.0.1 (a
+    free port unless given), ready when ``/health`` answers; stopped (this process only, by
+    its pid) on :meth:`stop` or at the end of a ``with`` block. ``args``: the command's own
+    (``["--ui-tree", "--no-screenshot"]`` ...).
+
+        with LocalServer(["--ui-tree"]) as server:
+            env = SimPhoneClient(base_url=server.url).sync()
+    """
+
+    def __init__(self, args: list[str] | None = None, port: int | None = None,
+                 log: str | None = None, start_timeout_s: float = 120.0) -> None:
+        import os
+        import subprocess
+        import sys
+        import tempfile
+        import time
+
+        import requests
+
+        if port is None:
+            import socket
+
+            with socket.socket() as sock:
+                sock.bind(("127.0.0.1", 0))
+                port = sock.getsockname()[1]
+        self.port = port
+        self.url = f"http://127.0.0.1:{port}"
+        self.log = log or tempfile.mkstemp(prefix="digirl_openenv_", suffix=".log")[1]
+        with open(self.log, "wb") as out:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "digirl_lite.envs.sim.openenv", "--host", "127.0.0.1",
+                 "--port", str(port), *(args or [])], stdout=out, stderr=subprocess.STDOUT,
+                env={**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")})
+        deadline = time.monotonic() + start_timeout_s
+        while True:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"the OpenEnv server exited ({self.proc.returncode}): "
+                                   f"{self.tail()}")
+            try:
+                if requests.get(f"{self.url}/health", timeout=2).ok:
+                    break
+            except requests.ConnectionError:
+                pass
+            if time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"the OpenEnv server did not answer in {start_timeout_s} s: "
+                                   f"{self.tail()}")
+            time.sleep(0.25)
+
+    def tail(self, chars: int = 3000) -> str:
+        with open(self.log, errors="replace") as f:
+            return f.read()[-chars:]
+
+    def alive(self) -> bool:
+        import requests
+
+        return self.proc.poll() is None and requests.get(f"{self.url}/health", timeout=5).ok
+
+    def stop(self) -> None:
+        import subprocess
+
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+
+    def __enter__(self) -> LocalServer:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
 
 
 def main(argv: list[str] | None = None) -> None:
