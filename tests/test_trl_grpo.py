@@ -80,10 +80,12 @@ def test_the_tools_complete_a_task_through_the_server_and_the_reward_is_the_verd
 
 
 @pytest.mark.slow
-def test_the_recipe_runs_grpo_on_the_served_phone_at_tiny_size(tmp_path):
+def test_the_recipe_runs_grpo_on_the_served_phone_at_tiny_size(tmp_path, server):
     """TRL's GRPOTrainer with the tools as its environment_factory, a tiny random Qwen3 and a
     server the recipe starts and stops: one training step, one episode per rollout, the
-    environment's reward logged by TRL under the tools' name."""
+    environment's reward logged by TRL under the tools' name. The random model writes no
+    tool call, so a tool call in Qwen3's format is parsed with the tokenizer's response
+    parser (as TRL does) and run against the tools: it reaches the phone."""
     optional_import("trl", 'pip install -e ".[trl]"')
     optional_import("openenv", 'pip install -e ".[openenv]"')
     import importlib.util
@@ -102,3 +104,17 @@ def test_the_recipe_runs_grpo_on_the_served_phone_at_tiny_size(tmp_path):
     assert "rewards/PhoneTools/mean" in logged and 0.0 <= float(logged["reward"]) <= 1.0
     assert json.loads((tmp_path / "summary.json").read_text())["steps"] == 1
     assert "Traceback" not in (tmp_path / "openenv_server.log").read_text()
+    from transformers import AutoTokenizer
+    from trl.chat_template_utils import add_response_schema
+
+    from digirl_lite.envs.sim.trl_tools import phone_tools
+
+    tok = add_response_schema(AutoTokenizer.from_pretrained(summary["model"]))
+    reply = ('<tool_call>\n{"name": "tap", "arguments": {"element": "icon:chrome"}}\n'
+             "</tool_call><|im_end|>")
+    (call,) = tok.parse_response(reply, prefix="")["tool_calls"]
+    tools = phone_tools(server.url)()
+    before = tools.reset(task=TASK, seed=3)
+    after = getattr(tools, call["function"]["name"])(**call["function"]["arguments"])
+    assert tools.steps == 1 and "Step 1" in after and after != before
+    assert "[icon:chrome]" not in after  # Chrome opened: the launcher is gone
