@@ -10,7 +10,8 @@ the union of their solved sets (avg@k >= 1/2 on each task of it, both families' 
 tasks at fresh seeds). Held-out pass@1 on the first ``--eval-tasks`` test tasks is measured
 for H0, v1, v2 and the merged child (the same seeds and sampling noise for all four).
 
-    python benchmarks/harness_merge.py --out benchmarks/results/harness/merge.json
+    python benchmarks/harness_merge.py --seed S --out benchmarks/results/harness/merge_seedS.json
+    python benchmarks/harness_merge_table.py benchmarks/results/harness/merge_seed*.json
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", default="benchmarks/results/harness/merge.json")
+    ap.add_argument("--out", default="benchmarks/results/harness/merge_seed0.json")
     ap.add_argument("--work", default="runs/harness_merge", help="the DarwinX run folders")
     ap.add_argument("--budget", type=int, default=400)
     ap.add_argument("--tasks", type=int, default=10, help="evolution tasks per family")

@@ -66,11 +66,14 @@ def table(records: list[dict]) -> str:
                      f"{'yes' if r['merge']['kept'] else 'no: ' + r['merge']['reason']} | "
                      f"{_on_union(cross, union, 'A')} | {_on_union(cross, union, 'B')} | "
                      + " | ".join(_rate(r, a) for a in ARMS) + " |")
-    lines += ["", "Over seeds (mean of the per-seed held-out rates, 95% t-interval):", "",
+    lines += ["", "Over seeds (mean of the per-seed held-out rates, 95% t-interval, clipped to "
+              "[0, 100]; a merge that was refused is still measured, so its row shows what "
+              "keeping it would have given):", "",
               "| harness | held-out | merged minus it, seed by seed |", "|---|---|---|"]
     for a in ARMS:
         xs = [100 * r["held_out"][a]["success_rate"] for r in records if a in r["held_out"]]
         m, lo, hi = _t_interval(xs)
+        lo, hi = max(lo, 0.0), min(hi, 100.0)  # a rate's interval, clipped to [0, 100]
         diff = ""
         if a != "merged":
             ds = [100 * (r["held_out"]["merged"]["success_rate"] - r["held_out"][a]["success_rate"])
