@@ -5,7 +5,7 @@ module level, inside functions, under ``TYPE_CHECKING``, and module paths writte
 (the lazy exports of the packages' ``__init__``). The layers, lowest first:
 
     _lazy, errors, paths, actions, prompts, filters,   the top-level modules (a new one
-    ppo, distributed                                    that imports none of the package
+    ppo, distributed, redaction                         that imports none of the package
                                                         is one of them)
     data                                                records, stores, replay
     judge, critics                                      the judge interface and VLM judge;
@@ -36,7 +36,8 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "digirl_lite"
 
 LAYERS: list[set[str]] = [
-    {"_lazy", "errors", "paths", "actions", "prompts", "filters", "ppo", "distributed"},
+    {"_lazy", "errors", "paths", "actions", "prompts", "filters", "ppo", "distributed",
+     "redaction"},
     {"data"},
     {"judge", "critics"},
     {"envs"},

@@ -296,7 +296,11 @@ def run_evolution(cfg: EvolveConfig, out: str | Path, resume: bool = False,
     fleet = make_fleet(cfg.fleet, SimEnvFactory(tasks=cfg.world, ui_tree=True, **cfg.env),
                        cfg.n_envs)
     metrics = out / "metrics.jsonl"
-    summary: dict[str, Any] = {"config": cfg.as_dict(), "stages": {}, "evolution_tasks": evo,
+    from digirl_lite.redaction import redact
+
+    # a backend's base_url may carry credentials: never written (issue 32, item 6)
+    summary: dict[str, Any] = {"config": redact(cfg.as_dict()), "stages": {},
+                               "evolution_tasks": evo,
                                "policy": policy_path, "kind": "evolve_harness"}
     prev = out / "summary.partial.json"
     if resume and prev.is_file():

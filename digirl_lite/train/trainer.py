@@ -48,6 +48,7 @@ from digirl_lite.policy.updates import (
     steps_to_batch,
     text_mle_update,
 )
+from digirl_lite.redaction import redact
 from digirl_lite.rollout.episode import SampledAction
 from digirl_lite.rollout.fleet import JudgeUnavailable, NoDevicesLeft
 from digirl_lite.train.config import DigiRLConfig, effective_fields
@@ -234,7 +235,8 @@ class Trainer:
         self.iteration = 0  # online iterations done
         self.online_trajectories = 0
         self.timings: dict[str, float] = {}
-        self.summary: dict[str, Any] = {"config": cfg.as_dict(), "stages": {},
+        # credentials (device URLs' user info, capabilities' keys) never reach the disk
+        self.summary: dict[str, Any] = {"config": redact(cfg.as_dict()), "stages": {},
                                         "unjudged_steps": {}}
         self.curve: list[tuple[int, float]] = []
         self._fleet = None
@@ -329,7 +331,7 @@ class Trainer:
     def log(self, **record: Any) -> None:
         if not self.is_main:
             return
-        record = {"time": round(time.time(), 3), **record}
+        record = redact({"time": round(time.time(), 3), **record})  # no credentials
         with open(self.out / "metrics.jsonl", "a") as f:
             f.write(json.dumps(record, default=float) + "\n")
         if self._tb is not None:
@@ -376,7 +378,7 @@ class Trainer:
         checkpoint or stop (``fleet.json``: a resumed run reports its whole history; a kill
         loses what came after the last checkpoint, whose phase is redone)."""
         now = self._fleet.stats.as_dict() if self._fleet is not None else {}
-        return merge_fleet_stats(self._fleet_before, now)
+        return redact(merge_fleet_stats(self._fleet_before, now))  # devices named by URL
 
     def close(self) -> None:
         """Stop the fleet's workers (threads, processes, Ray actors), the emulators this run
@@ -985,7 +987,7 @@ class Trainer:
                  "config": self._config_json(), "processes": self.world,
                  "weights_digests": digests,
                  "buffer": self.buffer.state_dict(), "rngs": rngs,
-                 "curve": self.curve, "summary": self.summary, "timings": self.timings}
+                 "curve": self.curve, "summary": redact(self.summary), "timings": self.timings}
         (tmp / "state.json").write_text(json.dumps(state, default=float))
         self._save_fleet_stats()
         fsync_tree(tmp)
@@ -1001,7 +1003,10 @@ class Trainer:
         return final
 
     def _config_json(self) -> dict[str, Any]:
-        return json.loads(json.dumps(self.cfg.as_dict(), default=str))
+        """The config as saved with a checkpoint: JSON values, credentials redacted
+        (:func:`~digirl_lite.redaction.redact`). Resume compares it with the saved one, both
+        redacted, so a run never needs a secret from disk: it comes from the live config."""
+        return redact(json.loads(json.dumps(self.cfg.as_dict(), default=str)))
 
     def load_checkpoint(self, allow_config_change: bool = False) -> bool:
         """Restore the newest checkpoint; False when there is none. A checkpoint saved
@@ -1017,7 +1022,8 @@ class Trainer:
             return False
         d = root / latest.read_text().strip()
         state = json.loads((d / "state.json").read_text())
-        saved = state.get("config", state["summary"].get("config", {}))
+        # redacted as _config_json (a checkpoint written before redaction holds secrets)
+        saved = redact(state.get("config", state["summary"].get("config", {})))
         now = self._config_json()
         # a field added since the run was saved, left at its default, changes nothing
         defaults = json.loads(json.dumps(DigiRLConfig().as_dict(), default=str))
@@ -1075,7 +1081,7 @@ class Trainer:
         fleet = self.out / FLEET_FILE
         self._fleet_before = json.loads(fleet.read_text()) if fleet.is_file() else {}
         if changed:
-            self.summary["config"] = self.cfg.as_dict()
+            self.summary["config"] = redact(self.cfg.as_dict())
             self.log(stage="resume", config_changed={k: list(v) for k, v in changed.items()})
         self.timings = state["timings"]
         self._stored = trajs
@@ -1191,8 +1197,8 @@ class Trainer:
         })
         self.save_checkpoint()
         if self.is_main:
-            atomic_write_text(self.out / "summary.json", json.dumps(self.summary, indent=1,
-                                                                     default=float))
+            atomic_write_text(self.out / "summary.json", json.dumps(redact(self.summary),
+                                                                     indent=1, default=float))
             self.plot()
         return self.summary
 

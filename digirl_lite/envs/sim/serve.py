@@ -68,6 +68,15 @@ Where the served phone differs from the in-process one, or from a real device:
   (Selenium: "the element with focus, or BODY"); typing into the screen changes nothing,
   as in process, instead of a ``no such element`` that the client would count as a lost
   device.
+
+Every error is a W3C error object, ``{"value": {"error", "message", "stacktrace": ""}}``
+with its HTTP status, and nothing else (issue 32): a bug in the phone answers 500 ``unknown
+error`` naming the exception's type, its traceback goes to the server's log (the
+``digirl_lite.envs.sim.serve`` logger; stderr by default), never to the client. A request
+body over ``max_body_bytes`` (:data:`MAX_BODY_BYTES`) is refused with 413 before a byte of
+it is read, and a ``Content-Length`` that is not one non-negative number (or a chunked body)
+with 400; both close that connection (its unread body would be taken for the next request)
+and the phone goes on serving.
 """
 
 from __future__ import annotations
@@ -77,6 +86,7 @@ import base64
 import dataclasses
 import io
 import json
+import logging
 import math
 import os
 import re
@@ -87,7 +97,6 @@ import sys
 import tempfile
 import threading
 import time
-import traceback
 import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -110,8 +119,9 @@ from digirl_lite.envs.sim.world import (
     ui_nodes,
 )
 
-__all__ = ["SimPhoneServer", "PhoneProcess", "spawn_phones", "W3CError", "SET_TASK",
-           "IS_SUCCESS", "INFO", "URL_LINE", "encode_png", "pointer_gestures", "main"]
+__all__ = ["SimPhoneServer", "PhoneProcess", "spawn_phones", "W3CError", "w3c_error",
+           "SET_TASK", "IS_SUCCESS", "INFO", "URL_LINE", "MAX_BODY_BYTES", "encode_png",
+           "pointer_gestures", "main"]
 
 SET_TASK = "digirl: setTask"
 IS_SUCCESS = "digirl: isSuccess"
@@ -133,6 +143,12 @@ ELEMENT_KEY = "element-6066-11e4-a52e-4f735466cecf"
 """The W3C web element identifier."""
 NO_FOCUS = "screen"
 """The active element's id when no field has focus."""
+MAX_BODY_BYTES = 1 << 20
+"""The largest request body the phone reads (1 MiB): the largest a client sends, a typed
+text or a W3C action chain, is a few kB; a larger ``Content-Length`` is refused (413)
+before the body is read, so a client cannot make the phone hold gigabytes."""
+
+log = logging.getLogger("digirl_lite.envs.sim.serve")
 
 _HTTP_STATUS = {"invalid argument": 400, "no such element": 404, "invalid session id": 404,
                 "unknown command": 404, "unknown method": 405, "session not created": 500,
@@ -141,15 +157,22 @@ _HTTP_STATUS = {"invalid argument": 400, "no such element": 404, "invalid sessio
 
 
 class W3CError(Exception):
-    """A W3C WebDriver error: ``error`` is the code (``"invalid argument"``, ...)."""
+    """A W3C WebDriver error: ``error`` is the code (``"invalid argument"``, ...);
+    ``status`` the HTTP status when it is not the code's own (413 for a body too large)."""
 
-    def __init__(self, error: str, message: str) -> None:
+    def __init__(self, error: str, message: str, status: int | None = None) -> None:
         super().__init__(f"{error}: {message}")
-        self.error, self.message = error, message
+        self.error, self.message, self._status = error, message, status
 
     @property
     def status(self) -> int:
-        return _HTTP_STATUS[self.error]
+        return self._status or _HTTP_STATUS[self.error]
+
+
+def w3c_error(error: str, message: str) -> dict[str, Any]:
+    """The body of a W3C error answer; the stack trace is always empty (it stays in the
+    server's log)."""
+    return {"value": {"error": error, "message": message, "stacktrace": ""}}
 
 
 def encode_png(img: Image.Image) -> str:
@@ -495,22 +518,61 @@ class _Handler(BaseHTTPRequestHandler):
             path = urlsplit(self.path).path.rstrip("/") or "/"
             status, payload = 200, {"value": self.server.phone.handle(method, path, body)}
         except W3CError as e:
-            status = e.status
-            payload = {"value": {"error": e.error, "message": e.message, "stacktrace": ""}}
+            status, payload = e.status, w3c_error(e.error, e.message)
         except Exception as e:  # a bug must reach the client as a W3C error, not a hang
-            status = 500
-            payload = {"value": {"error": "unknown error", "message": f"{type(e).__name__}: {e}",
-                                 "stacktrace": traceback.format_exc()}}
+            # the traceback to the phone's log only: it is no business of the client's
+            log.exception("simulated phone: %s %s failed", method, self.path)
+            status, payload = 500, w3c_error("unknown error", f"the simulated phone failed "
+                                             f"({type(e).__name__}); its log has the details")
+        self._send(status, payload)
+
+    def _send(self, status: int, payload: dict[str, Any]) -> None:
         data = json.dumps(payload).encode()
         self.send_response(status)
         self.send_header("Content-Type", "application/json; charset=utf-8")
         self.send_header("Content-Length", str(len(data)))
         self.send_header("Cache-Control", "no-cache")
+        if self.close_connection:  # a body left unread: the next bytes are not a request
+            self.send_header("Connection", "close")
         self.end_headers()
-        self.wfile.write(data)
+        if self.command != "HEAD":
+            self.wfile.write(data)
+
+    def send_error(self, code: int, message: str | None = None,
+                   explain: str | None = None) -> None:
+        """http.server's own refusals (a malformed request line, headers too long, a method
+        with no ``do_`` handler) as W3C errors too, not its HTML page."""
+        error = ("unknown method" if code == 501 else "invalid argument" if code < 500
+                 else "unknown error")
+        self.close_connection = True
+        self._send(code, w3c_error(error, message or explain or self.responses.get(
+            code, ("error",))[0]))
+
+    def _content_length(self) -> int:
+        """The body's length in bytes, checked before any of it is read: refused (the
+        connection closed) when it is not one non-negative number, the body is chunked, or
+        it is over the server's ``max_body_bytes``."""
+        values = [v.strip() for v in self.headers.get_all("Content-Length") or []]
+        if "chunked" in (self.headers.get("Transfer-Encoding") or "").lower():
+            self.close_connection = True
+            raise W3CError("invalid argument", "chunked request bodies are not supported: "
+                                               "send a Content-Length")
+        if not values:
+            return 0
+        if len(set(values)) > 1 or not re.fullmatch(r"[0-9]{1,19}", values[0]):
+            self.close_connection = True
+            shown = ", ".join(repr(v[:40]) for v in values)
+            raise W3CError("invalid argument", f"Content-Length must be one non-negative "
+                                               f"integer, got {shown}")
+        n, limit = int(values[0]), self.server.max_body_bytes
+        if n > limit:
+            self.close_connection = True
+            raise W3CError("invalid argument", f"request body of {n} bytes refused: the "
+                                               f"limit is {limit} bytes", status=413)
+        return n
 
     def _body(self) -> dict:
-        raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        raw = self.rfile.read(self._content_length())
         if not raw.strip():
             return {}
         try:
@@ -529,8 +591,10 @@ class _HTTPServer(ThreadingHTTPServer):
     daemon_threads = True
     block_on_close = False  # close() ends the kept-alive connections itself
 
-    def __init__(self, address: tuple[str, int], phone: _Phone) -> None:
+    def __init__(self, address: tuple[str, int], phone: _Phone,
+                 max_body_bytes: int = MAX_BODY_BYTES) -> None:
         self.phone = phone
+        self.max_body_bytes = max_body_bytes
         self.connections: set[socket.socket] = set()
         self.connections_lock = threading.Lock()
         super().__init__(address, _Handler)
@@ -555,19 +619,23 @@ class SimPhoneServer:
         crash_down_s: how long a crashed phone answers only errors.
         width, height: screenshot size (the gesture space stays 1080 x 2280).
         screen_cache: screens kept drawn and encoded (as ``SimPhoneEnv``'s render cache).
+        max_body_bytes: the largest request body read; a larger one is refused (413)
+            unread.
     """
 
     def __init__(self, port: int = 0, host: str = "127.0.0.1", world: str = "webshop",
                  seed: int | None = 0, day: int = 1,
                  surprises: Surprises | dict | None = None, faults: Faults | dict | None = None,
                  crash_down_s: float = CRASH_DOWN_S, width: int = WIDTH, height: int = HEIGHT,
-                 screen_cache: int = 8) -> None:
+                 screen_cache: int = 8, max_body_bytes: int = MAX_BODY_BYTES) -> None:
         if crash_down_s < 0:
             raise ValueError(f"crash_down_s must be non-negative, got {crash_down_s}")
+        if max_body_bytes < 0:
+            raise ValueError(f"max_body_bytes must be non-negative, got {max_body_bytes}")
         env = SimPhoneEnv(world, day=day, surprises=surprises, faults=faults, seed=seed,
                           width=width, height=height, render_cache=screen_cache)
         phone = _Phone(env, world, seed, crash_down_s, screen_cache)
-        self._httpd = _HTTPServer((host, port), phone)
+        self._httpd = _HTTPServer((host, port), phone, max_body_bytes)
         self._thread: threading.Thread | None = None
         self._closed = False
 
@@ -706,7 +774,8 @@ def spawn_phones(n: int, world: str = "webshop", seed: int = 0, *, timeout_s: fl
         ports: phone ``i`` listens on ``ports[i]`` (e.g. a phone restarted where a lost one
             was, issue 29); None: each on a free port.
         **kw: more :class:`SimPhoneServer` options (``day``, ``surprises``, ``faults``,
-            ``crash_down_s``, ``width``, ``height``, ``host``, ``screen_cache``).
+            ``crash_down_s``, ``width``, ``height``, ``host``, ``screen_cache``,
+            ``max_body_bytes``).
 
     Returns:
         One :class:`PhoneProcess` per phone; close them (they are not ended for you).
@@ -772,10 +841,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--width", type=int, default=WIDTH, help="screenshot width")
     ap.add_argument("--height", type=int, default=HEIGHT, help="screenshot height")
     ap.add_argument("--screen-cache", type=int, default=8)
+    ap.add_argument("--max-body-bytes", type=int, default=MAX_BODY_BYTES,
+                    help="largest request body read; a larger one is refused (413)")
     a = ap.parse_args(argv)
     server = SimPhoneServer(port=a.port, host=a.host, world=a.world, seed=a.seed, day=a.day,
                             surprises=a.surprises, faults=a.faults, crash_down_s=a.crash_down_s,
-                            width=a.width, height=a.height, screen_cache=a.screen_cache)
+                            width=a.width, height=a.height, screen_cache=a.screen_cache,
+                            max_body_bytes=a.max_body_bytes)
     print(f"{URL_LINE}{server.url}", flush=True)
     try:
         server.serve_forever()
