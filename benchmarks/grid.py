@@ -7,6 +7,7 @@ seeds (issue 16, item 3).
     python benchmarks/grid.py table1_webshop --table      # the table from the result files only
     python benchmarks/grid.py ablations_webshop --arms awr critic_mse --seeds 0 --dry-run
     python benchmarks/grid.py table1_webshop --quick --arms digirl --seeds 0   # wiring check
+    python benchmarks/grid.py table1_webshop --rerun-stale HEAD   # rerun what is on other code
     python benchmarks/grid.py --list
 
 A grid is a JSON spec, ``benchmarks/grids/<grid>.json``::
@@ -31,6 +32,7 @@ Where things go (``<grid>`` of the arm: its ``from_grid``, else this grid):
 
     runs/grid/<grid>/<arm>/seed<S>/                  the run folder (--out of the recipe)
     runs/grid/<grid>/<arm>/seed<S>.log               its output, appended over attempts
+    runs/grid/<grid>/<arm>/seed<S>.attempts.jsonl    each process's start and end
     benchmarks/results/grid/<grid>/<arm>-seed<S>.json  the result, written when the run ends
     benchmarks/results/grid/<grid>/table.md, table.json, curves.png
 
@@ -41,16 +43,30 @@ here or (with the results committed) elsewhere. A job another live runner holds 
 ``seed<S>.lock``) is left to it. Each job runs with ``OMP_NUM_THREADS = cpus // jobs``. The
 table and the curves read only result files. ``--quick`` (a wiring check) puts runs and results
 under runs/grid_quick/.
+
+Provenance (issue 32, item 3). A run is not started on uncommitted changes to what it computes
+with (the package, this runner, the grid spec(s), the recipe, a config file): the grid names
+the files and stops, unless ``--allow-dirty``, which marks the run ``dirty`` with the sha256 of
+the diff. Each process that works on a run (an attempt: the first, each resume) records when
+it started and ended, its commit, the :func:`code_id` of the package and recipe there, dirty
+or not, its threads and host; the result file carries them (``attempts``), its ``wall_s`` is
+their sum, and a run picked up after it finished keeps the commits of the attempts that made
+it. The table warns where a difference from the reference pairs runs on different code (the
+code, not the commit: ``--commit`` adds a commit per result), and ``--rerun-stale COMMIT``
+clears every run not on COMMIT's code, clean, before running what is missing.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
+import hashlib
 import json
 import os
 import re
 import shlex
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -230,13 +246,16 @@ def load_spec(grid: str | os.PathLike[str], _seen: tuple[str, ...] = ()) -> Grid
 # -- jobs -------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Job:
-    """One run: an arm at one seed, with where its run folder, log and result go."""
+    """One run: an arm at one seed, with where its run folder, log and result go. ``specs``:
+    the grid spec files its settings come from (the grid run, and the arm's own when it is
+    borrowed with ``from_grid``)."""
 
     arm: Arm
     seed: int
     runs_dir: Path
     results_dir: Path
     quick: bool = False
+    specs: tuple[Path, ...] = ()
 
     @property
     def name(self) -> str:
@@ -249,6 +268,25 @@ class Job:
     @property
     def log(self) -> Path:
         return self.out.with_suffix(".log")
+
+    @property
+    def attempts(self) -> Path:
+        """One line per process start and end (:func:`read_attempts`), beside the run
+        folder rather than in it: a recipe may want its folder empty to start."""
+        return self.out.with_suffix(".attempts.jsonl")
+
+    def code_files(self) -> list[str]:
+        """The code whose version names the run's (:func:`code_id`), relative to the
+        repository: the package and the recipes (every arm's, so that two arms on one
+        commit compare equal)."""
+        return _code_files(self.arm.recipe)
+
+    def watched_files(self) -> list[str]:
+        """What must be committed before the run starts: the package, the recipe, the
+        config file, this runner and the grid spec(s)."""
+        config = [_rel(ROOT / self.arm.config)] if self.arm.config else []
+        return ["digirl_lite", _rel(ROOT / self.arm.recipe), *config, "benchmarks/grid.py",
+                *(_rel(p) for p in self.specs)]
 
     @property
     def result(self) -> Path:
@@ -315,8 +353,18 @@ def jobs_of(spec: GridSpec, *, arms: list[str] | None = None, seeds: list[int] |
     for a in arms or []:
         if a not in names:
             raise SpecError(f"grid {spec.name} has no arm {a!r} (arms: {', '.join(names)})")
-    return [Job(a, s, runs_dir, results_dir, quick) for a in spec.arms
+    return [Job(a, s, runs_dir, results_dir, quick, _spec_files(spec, a)) for a in spec.arms
             if not arms or a.name in arms for s in (seeds or spec.seeds)]
+
+
+def _code_files(recipe: str) -> list[str]:
+    recipe = _rel(ROOT / recipe)
+    return ["digirl_lite", "recipes", *([] if recipe.startswith("recipes/") else [recipe])]
+
+
+def _spec_files(spec: GridSpec, arm: Arm) -> tuple[Path, ...]:
+    own = spec.path.parent / f"{arm.grid}.json"
+    return (spec.path,) if arm.grid == spec.name else (spec.path, own)
 
 
 def _git(*args: str) -> str:
@@ -324,11 +372,253 @@ def _git(*args: str) -> str:
     return p.stdout if p.returncode == 0 else ""
 
 
-def git_state() -> dict[str, Any]:
-    """The commit the code is at, and the tracked files that differ from it."""
-    dirty = [line[3:] for line in _git("status", "--porcelain", "--untracked-files=no")
-             .splitlines() if line.strip()]
-    return {"commit": _git("rev-parse", "HEAD").strip() or None, "modified": dirty}
+# -- provenance (issue 32, item 3) ------------------------------------------------------------
+class DirtyTreeError(SpecError):
+    """Uncommitted changes to what a run would compute with; the message names the files."""
+
+
+def _git_or_none(*args: str) -> str | None:
+    """git's output, or None where it fails (not a checkout, an unknown commit or path)."""
+    p = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True)
+    return p.stdout if p.returncode == 0 else None
+
+
+def code_id(commit: str | None, files: list[str]) -> str | None:
+    """A short hash of the git objects ``files`` are at ``commit`` (``git ls-tree``: the
+    package's tree, the recipes'): the same for two commits whose code is the same, as
+    across the commits of result files that ``--commit`` makes while a grid runs. None
+    where the commit is not known here."""
+    if not commit:
+        return None
+    return _code_id(str(ROOT), commit, tuple(files))
+
+
+@functools.cache  # a commit's content never changes
+def _code_id(root: str, commit: str, files: tuple[str, ...]) -> str | None:
+    tree = _git_or_none("ls-tree", f"{commit}^{{commit}}", "--", *files)
+    return None if tree is None else hashlib.sha256(tree.encode()).hexdigest()[:12]
+
+
+def tree_state(watched: list[str], code: list[str]) -> dict[str, Any]:
+    """The commit HEAD is at, the :func:`code_id` of ``code`` there, and the uncommitted
+    changes to ``watched`` (paths relative to the repository, or absolute outside it):
+    ``changed`` as ``git status --porcelain`` lists them ("M path", "?? path"; "outside
+    path" for a file outside the repository), ``diff_sha256`` the sha256 of ``git diff HEAD
+    --binary -- <watched>`` followed by each untracked or outside file's path and bytes (the
+    command is in ``diff``); both None for a clean tree."""
+    commit = (_git_or_none("rev-parse", "--verify", "-q", "HEAD^{commit}") or "").strip()
+    if not commit:
+        return {"commit": None, "code_id": None, "dirty": True, "diff_sha256": None,
+                "changed": [f"{ROOT} is not a git checkout with a commit"]}
+    inside = [w for w in watched if not Path(w).is_absolute()]
+    outside = [w for w in watched if Path(w).is_absolute() and Path(w).exists()]
+    status = _git_or_none("status", "--porcelain", "--untracked-files=all", "--", *inside)
+    if status is None:
+        return {"commit": commit, "code_id": None, "dirty": True, "diff_sha256": None,
+                "changed": ["git status failed"]}
+    changed = [line for line in status.splitlines() if line.strip()]
+    changed += [f"outside {w}" for w in outside]
+    state = {"commit": commit, "code_id": code_id(commit, code), "dirty": bool(changed),
+             "diff_sha256": None}
+    if changed:
+        diff = ["git", "diff", "HEAD", "--binary", "--", *inside]
+        h = hashlib.sha256(subprocess.run(diff, cwd=ROOT, capture_output=True).stdout)
+        extra = [line[3:] for line in changed if line.startswith("?? ")] + outside
+        for f in extra:
+            h.update(f"\n{f}\n".encode())
+            h.update((ROOT / f).read_bytes())
+        state.update(diff_sha256=h.hexdigest(), changed=changed, diff=shlex.join(diff[1:]))
+    return state
+
+
+def job_tree_state(job: Job) -> dict[str, Any]:
+    return tree_state(job.watched_files(), job.code_files())
+
+
+def require_clean(jobs: list[Job], what: str) -> None:
+    """Raise :class:`DirtyTreeError` naming the uncommitted files ``jobs`` would run with."""
+    watched = list(dict.fromkeys(w for j in jobs for w in j.watched_files()))
+    state = tree_state(watched, [])
+    if state["dirty"]:
+        files = "\n".join(f"  {line}" for line in state["changed"])
+        raise DirtyTreeError(
+            f"refusing to start {what}: uncommitted changes to what its runs compute with:\n"
+            f"{files}\ncommit them (a result names the commit it ran on), or pass "
+            "--allow-dirty (each run is then marked dirty, with the sha256 of the diff)")
+
+
+def _utc(t: float | None = None) -> str:
+    return datetime.fromtimestamp(time.time() if t is None else t, timezone.utc
+                                  ).isoformat(timespec="seconds")
+
+
+def _epoch(iso: str) -> float:
+    return datetime.fromisoformat(iso).timestamp()  # a naive time (the log's) is local
+
+
+def _write_attempt(job: Job, **record: Any) -> None:
+    job.attempts.parent.mkdir(parents=True, exist_ok=True)
+    with open(job.attempts, "a") as f:
+        f.write(json.dumps(record) + "\n")
+
+
+def start_attempt(job: Job, state: dict[str, Any], threads: int, resume: bool) -> None:
+    """Record a process starting on the job: when, where, on what code, with how many
+    threads (``OMP_NUM_THREADS`` = ``MKL_NUM_THREADS``; torch takes its intra-op threads
+    from it, and the recipes do not set them)."""
+    if not resume:  # a fresh start: earlier attempts left nothing the run keeps
+        job.attempts.unlink(missing_ok=True)
+    _write_attempt(job, event="start", started=_utc(), host=socket.gethostname(),
+                   resume=resume, threads=threads, **state)
+
+
+def end_attempt(job: Job, wall_s: float, exit_code: int | None) -> None:
+    _write_attempt(job, event="end", finished=_utc(), wall_s=round(wall_s, 1),
+                   exit=exit_code)
+
+
+def _metric_times(job: Job) -> list[float]:
+    path = job.out / "metrics.jsonl"
+    times = []
+    for line in path.read_text().splitlines() if path.is_file() else []:
+        try:
+            t = json.loads(line).get("time")
+        except json.JSONDecodeError:  # a line torn by a kill
+            continue
+        if isinstance(t, (int, float)):
+            times.append(float(t))
+    return times
+
+
+def _log_attempts(job: Job) -> list[dict[str, Any]]:
+    """A run from before attempt records: its attempts from the log's headers (``==
+    <local time> OMP_NUM_THREADS=<n> <command>``), from its last fresh start on, commit
+    unknown."""
+    out: list[dict[str, Any]] = []
+    text = job.log.read_text(errors="replace") if job.log.is_file() else ""
+    for m in re.finditer(r"^== (\S+) OMP_NUM_THREADS=(\d+) (.*)$", text, re.M):
+        resume = "--resume" in m.group(3).split()
+        if not resume:
+            out = []
+        out.append({"started": _utc(_epoch(m.group(1))), "resume": resume,
+                    "threads": int(m.group(2)), "commit": None, "from": "log"})
+    return out
+
+
+def read_attempts(job: Job) -> list[dict[str, Any]]:
+    """The processes that ran the job since its run folder was last started afresh, oldest
+    first: what the runner wrote when each started (commit, code_id, dirty, diff_sha256,
+    threads, resume, host) and ended (finished, wall_s, exit). An attempt whose end was
+    never written (its runner was killed) ends at the last line it wrote to metrics.jsonl
+    (``"wall_s_from": "metrics.jsonl"``). A run from before these records: the log's
+    (:func:`_log_attempts`)."""
+    attempts: list[dict[str, Any]] = []
+    path = job.attempts
+    for line in path.read_text().splitlines() if path.is_file() else []:
+        try:
+            r = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        event = r.pop("event", None)
+        if event == "start":
+            attempts.append(r)
+        elif event == "end" and attempts and "finished" not in attempts[-1]:
+            attempts[-1].update(r)
+    logged = _log_attempts(job)  # one header per attempt: the first ones predate records
+    if not attempts or attempts[0].get("resume"):
+        attempts = logged[:max(0, len(logged) - len(attempts))] + attempts
+    if any("finished" not in a for a in attempts):
+        times = _metric_times(job)
+        starts = [_epoch(a["started"]) for a in attempts] + [float("inf")]
+        for a, t0, t1 in zip(attempts, starts, starts[1:]):
+            mine = [t for t in times if t0 <= t < t1]
+            if "finished" not in a and mine:
+                a.update(finished=_utc(max(mine)), wall_s=round(max(mine) - t0, 1),
+                         wall_s_from="metrics.jsonl")
+    return attempts
+
+
+def provenance(attempts: list[dict[str, Any]], trainer_wall_s: float | None
+               ) -> dict[str, Any]:
+    """A result's provenance fields from its attempts: ``wall_s`` the processes' wall time
+    summed over attempts (the Trainer's own ``wall_s`` counts only the last attempt of a
+    resumed run: ``trainer_wall_s``), the last attempt's commit, threads and wall time,
+    every commit, and whether any attempt ran on uncommitted changes."""
+    last = attempts[-1] if attempts else {}
+    walls = [a["wall_s"] for a in attempts if a.get("wall_s") is not None]
+    if attempts and len(walls) == len(attempts):
+        wall, wall_from = round(sum(walls), 1), "attempts"
+    elif walls:
+        wall, wall_from = round(sum(walls), 1), (f"attempts ({len(walls)} of "
+                                                 f"{len(attempts)} known: a lower bound)")
+    else:
+        wall, wall_from = trainer_wall_s, "summary.json (the last attempt only)"
+    dirty = [a for a in attempts if a.get("dirty")]
+    return {"wall_s": wall, "wall_s_from": wall_from, "trainer_wall_s": trainer_wall_s,
+            "job_wall_s": last.get("wall_s"), "resumed": last.get("resume"),
+            "omp_threads": last.get("threads"),
+            "dirty": bool(dirty), "diff_sha256": dirty[-1].get("diff_sha256") if dirty else None,
+            "git": {"commit": last.get("commit"),
+                    "commits": list(dict.fromkeys(a.get("commit") for a in attempts))},
+            "attempts": attempts}
+
+
+def run_versions(rec: dict[str, Any]) -> list[tuple[str, tuple[str, str | None]]]:
+    """The code a result's run ran on, one entry per distinct version over its attempts:
+    (a label, a key). Keys are equal when the code was (the :func:`code_id`, and the diff's
+    hash where dirty); a commit not known, or uncommitted edits whose diff was not hashed
+    (results from before attempt records: ``git.modified``), make a key equal to no other."""
+    unique = f"{rec.get('grid')}/{rec.get('arm')}-seed{rec.get('seed')}"
+    attempts = rec.get("attempts")
+    if not attempts:  # a result from before attempt records
+        git = rec.get("git") or {}
+        try:
+            recipe = _rel(ROOT / shlex.split(rec.get("command", ""))[1])
+        except IndexError:
+            recipe = RECIPE
+        edited = [f for f in git.get("modified", [])
+                  if f == recipe or f.startswith("digirl_lite/")]
+        attempts = [{"commit": git.get("commit"),
+                     "code_id": code_id(git.get("commit"), _code_files(recipe)),
+                     "dirty": bool(edited), "diff_sha256": None}]
+    out: dict[tuple[str, str | None], str] = {}
+    for a in attempts:
+        commit = a.get("commit")
+        label = commit[:10] if commit else "unknown commit"
+        ident = a.get("code_id") or commit or f"unknown:{unique}"
+        if a.get("dirty"):
+            sha = a.get("diff_sha256")
+            label += f"+dirty:{sha[:8]}" if sha else "+uncommitted edits"
+            key = (ident, sha or f"unhashed:{unique}")
+        else:
+            key = (ident, None)
+        out.setdefault(key, label)
+    return [(label, key) for key, label in out.items()]
+
+
+def version_label(rec: dict[str, Any]) -> str:
+    return " + ".join(label for label, _ in run_versions(rec))
+
+
+def is_stale(job: Job, commit: str) -> str | None:
+    """Why the job's result (or, without one, its unfinished run) is not on ``commit``'s
+    code, clean; None when it is (or when there is nothing yet)."""
+    want = (code_id(commit, job.code_files()), None)
+    if job.result.is_file():
+        rec = json.loads(job.result.read_text())
+        versions = run_versions(rec)
+        if any(key != want for _, key in versions):
+            return f"result on {version_label(rec)}"
+        return None
+    attempts = read_attempts(job) if job.out.exists() or job.attempts.exists() else []
+    if job.out.exists() and not attempts:
+        return "a run folder from an unknown commit"
+    other = [a for a in attempts
+             if a.get("dirty") or (a.get("code_id") or a.get("commit")) != want[0]]
+    if other:
+        return "unfinished run begun on " + ", ".join(
+            dict.fromkeys((a.get("commit") or "an unknown commit")[:10] for a in other))
+    return None
 
 
 def _diff_config(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
@@ -336,9 +626,11 @@ def _diff_config(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
     since, left out): a field the algorithm does not read is left out, and one whose None
     means the algorithm's own value (``actor_lr``, ``policy_loss_norm``) is compared as
     that value, so a default that moved shows and a spelling of the same run does not."""
+    from digirl_lite.redaction import redact
     from digirl_lite.train.config import effective_fields
 
-    a, b = effective_fields(a), effective_fields(b)
+    # compared redacted (a result file's config has its credentials redacted, issue 32)
+    a, b = effective_fields(redact(a)), effective_fields(redact(b))
     return sorted(k for k in set(a) & set(b) if a[k] != b[k])
 
 
@@ -396,13 +688,18 @@ def _pile_cached(out: Path) -> bool | None:
     return None
 
 
-def result_record(job: Job, *, job_wall_s: float | None = None, threads: int | None = None,
-                  git: dict[str, Any] | None = None, resumed: bool | None = None
-                  ) -> dict[str, Any]:
-    """The small result file of a finished run, from its summary.json and metrics.jsonl.
-    ``command`` runs it from scratch (``resumed``: whether the last attempt was a
-    ``--resume``, None when not known); ``wall_s`` is the Trainer's, summed over attempts;
-    ``job_wall_s`` the last attempt's, process start to end."""
+def _redacted(config: dict[str, Any]) -> dict[str, Any]:
+    """``config`` without credentials (a summary.json written before the trainer redacted)."""
+    from digirl_lite.redaction import redact
+
+    return redact(config)
+
+
+def result_record(job: Job, attempts: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """The small result file of a finished run, from its summary.json and metrics.jsonl,
+    and its provenance from the processes that ran it (``attempts``, default
+    :func:`read_attempts`; the fields :func:`provenance` gives). ``command`` runs it from
+    scratch."""
     summary = json.loads((job.out / "summary.json").read_text())
     stages = {}
     for st, rep in summary.get("stages", {}).items():
@@ -418,16 +715,13 @@ def result_record(job: Job, *, job_wall_s: float | None = None, threads: int | N
         "grid": job.arm.grid, "arm": job.arm.name, "seed": job.seed,
         "stages": stages,
         "curve": _curve(job.out, summary.get("stages", {})),
-        "wall_s": summary.get("wall_s"),
-        "job_wall_s": None if job_wall_s is None else round(job_wall_s, 1),
-        "resumed": resumed,
+        **provenance(read_attempts(job) if attempts is None else attempts,
+                     summary.get("wall_s")),
         "pile_cached": _pile_cached(job.out),
-        "omp_threads": threads,
         "online_iteration_s": _time_split(job.out),
         "timings_s": summary.get("timings_s", {}),
         "command": shlex.join(["python", _rel(ROOT / job.arm.recipe), *job.recipe_args()]),
-        "config": summary.get("config", {}),
-        "git": git or git_state(),
+        "config": _redacted(summary.get("config", {})),
         "finished_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }
 
@@ -509,13 +803,18 @@ def _drop_lock(job: Job) -> None:
 
 def run_jobs(jobs: list[Job], n_jobs: int, *, commit: bool = False,
              stages: tuple[str, ...] = STAGES, python: str = sys.executable,
-             check_configs: bool = True, poll_s: float = 1.0) -> dict[str, list[Job]]:
+             check_configs: bool = True, poll_s: float = 1.0,
+             allow_dirty: bool = False) -> dict[str, list[Job]]:
     """Run what is missing, ``n_jobs`` processes at a time. Returns the jobs by outcome:
     "skipped" (a result file already), "busy" (another live runner has it), "ran",
-    "failed". Every job's config is built first (:meth:`Job.expected_config`), so a bad
-    field stops the grid before anything runs."""
+    "failed", "refused" (the code turned dirty while the grid ran). Every job's config is
+    built first (:meth:`Job.expected_config`), so a bad field stops the grid before
+    anything runs; so do uncommitted changes to what a run would compute with
+    (:class:`DirtyTreeError`), unless ``allow_dirty``: then each attempt records the
+    diff's hash. Each process's start and end are recorded (:func:`start_attempt`)."""
     threads = max(1, cpu_count() // max(1, n_jobs))
-    outcome: dict[str, list[Job]] = {"skipped": [], "busy": [], "ran": [], "failed": []}
+    outcome: dict[str, list[Job]] = {"skipped": [], "busy": [], "ran": [], "failed": [],
+                                     "refused": []}
     todo: list[Job] = []
     for job in jobs:
         expected = job.expected_config() if check_configs else None
@@ -529,13 +828,16 @@ def run_jobs(jobs: list[Job], n_jobs: int, *, commit: bool = False,
                 print(f"warning: {_rel(job.result)} was run with other values of "
                       f"{', '.join(diff)} than the spec gives now; delete it to rerun",
                       file=sys.stderr)
+    starting = [j for j in todo if j.state() != "finished"]
+    if starting and not allow_dirty:
+        require_clean(starting, "the grid")
     if commit:  # results written earlier but not committed (a commit that failed)
         left = [j.result for j in outcome["skipped"]
                 if _git("status", "--porcelain", "--", _rel(j.result))]
         if left:
             commit_files(left, f"grid: {len(left)} earlier result file(s)")
     total = len(todo)
-    running: list[tuple[Job, subprocess.Popen, float, Any, dict[str, Any], bool]] = []
+    running: list[tuple[Job, subprocess.Popen, float, Any]] = []
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
            "PYTHONUNBUFFERED": "1"}
     started = 0
@@ -549,11 +851,25 @@ def run_jobs(jobs: list[Job], n_jobs: int, *, commit: bool = False,
                     continue
                 st = job.state()
                 if st in ("done", "finished"):  # done meanwhile / the runner died after it
-                    if st == "finished":
-                        _finish(job, None, threads, git_state(), None, commit, stages,
-                                outcome)
+                    if st == "finished":  # its attempts' records, not this runner's
+                        _finish(job, commit, stages, outcome)
                     _drop_lock(job)
                     continue
+                state = job_tree_state(job)  # the code this attempt runs
+                if state["dirty"] and not allow_dirty:
+                    outcome["refused"].append(job)
+                    print(f"not started {job.arm.grid}/{job.name}: uncommitted changes to "
+                          f"{', '.join(state['changed'])} (--allow-dirty runs it)", flush=True)
+                    _drop_lock(job)
+                    continue
+                if st == "resume" and (before := [
+                        a for a in read_attempts(job)
+                        if (a.get("code_id") or a.get("commit")) != state["code_id"]]):
+                    print(f"warning: {job.arm.grid}/{job.name}: resuming on "
+                          f"{state['commit'][:10]} a run begun on other code ("
+                          + ", ".join(dict.fromkeys((a.get("commit") or "unknown")[:10]
+                                                    for a in before))
+                          + "); --rerun-stale starts it afresh", flush=True)
                 if st == "fresh" and job.out.exists():
                     shutil.rmtree(job.out)  # no checkpoint: nothing in it to keep
                 cmd = job.command(resume=st == "resume", python=python)
@@ -562,24 +878,24 @@ def run_jobs(jobs: list[Job], n_jobs: int, *, commit: bool = False,
                 log.write(f"\n== {datetime.now().isoformat(timespec='seconds')} "
                           f"OMP_NUM_THREADS={threads} {shlex.join(cmd)}\n")
                 log.flush()
-                git = git_state()  # the code this attempt runs
+                start_attempt(job, state, threads, resume=st == "resume")
                 p = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log,
                                      stderr=subprocess.STDOUT)
                 started += 1
                 print(f"[{started}/{total}] {'resume' if st == 'resume' else 'start'} "
                       f"{job.arm.grid}/{job.name} ({threads} thread(s)); log {_rel(job.log)}",
                       flush=True)
-                running.append((job, p, time.perf_counter(), log, git, st == "resume"))
+                running.append((job, p, time.perf_counter(), log))
             time.sleep(poll_s)
             for item in list(running):
-                job, p, t0, log, git, resumed = item
+                job, p, t0, log = item
                 if p.poll() is None:
                     continue
                 running.remove(item)
                 log.close()
+                end_attempt(job, time.perf_counter() - t0, p.returncode)
                 if p.returncode == 0 and (job.out / "summary.json").is_file():
-                    _finish(job, time.perf_counter() - t0, threads, git, resumed, commit,
-                            stages, outcome)
+                    _finish(job, commit, stages, outcome)
                 else:
                     outcome["failed"].append(job)
                     print(f"FAILED {job.arm.grid}/{job.name} (exit {p.returncode}); see "
@@ -588,20 +904,21 @@ def run_jobs(jobs: list[Job], n_jobs: int, *, commit: bool = False,
     except KeyboardInterrupt:
         for _, p, *_ in running:  # each has checkpoints: the next call resumes it
             p.terminate()
-        for job, p, *_ in running:
+        for job, p, t0, _ in running:
             try:
                 p.wait(timeout=60)
             except subprocess.TimeoutExpired:
                 p.kill()
+                p.wait()
+            end_attempt(job, time.perf_counter() - t0, p.returncode)
             _drop_lock(job)
         raise
     return outcome
 
 
-def _finish(job: Job, wall: float | None, threads: int, git: dict[str, Any],
-            resumed: bool | None, commit: bool, stages: tuple[str, ...],
+def _finish(job: Job, commit: bool, stages: tuple[str, ...],
             outcome: dict[str, list[Job]]) -> None:
-    rec = result_record(job, job_wall_s=wall, threads=threads, git=git, resumed=resumed)
+    rec = result_record(job)
     path = write_result(job, rec)
     outcome["ran"].append(job)
     line = _stage_line(rec, stages)
@@ -614,13 +931,16 @@ def _finish(job: Job, wall: float | None, threads: int, git: dict[str, Any],
 # -- the table --------------------------------------------------------------------------------
 def load_results(results_dir: Path, spec: GridSpec) -> dict[str, list[dict[str, Any]]]:
     """The result files of each of the spec's arms (from its own grid's folder), by seed;
-    an arm with none is left out."""
+    an arm with none is left out. An arm borrowed with ``from_grid`` brings the spec's
+    seeds only (its grid may have run more)."""
     out: dict[str, list[dict[str, Any]]] = {}
     for arm in spec.arms:
         recs = []
         for p in sorted((results_dir / arm.grid).glob(f"{arm.name}-seed*.json")):
             if re.fullmatch(re.escape(arm.name) + r"-seed-?\d+\.json", p.name):
-                recs.append(json.loads(p.read_text()))
+                rec = json.loads(p.read_text())
+                if arm.grid == spec.name or rec["seed"] in spec.seeds:
+                    recs.append(rec)
         if recs:
             out[arm.name] = sorted(recs, key=lambda r: r["seed"])
     return out
@@ -646,7 +966,9 @@ def stage_stats(records: list[dict[str, Any]], stage: str) -> dict[str, Any] | N
     wins = sum(int(x["successes"]) for _, x in rows)
     n = sum(int(x["n"]) for _, x in rows)
     plo, phi = wilson_interval(wins, n)
-    length = sum((x["mean_length_success"] or 0.0) * x["successes"] for _, x in rows)
+    # a seed without successes has no success length (NaN in summary.json): it adds none
+    length = sum(x["mean_length_success"] * x["successes"] for _, x in rows
+                 if x["successes"])
     kinds: dict[str, int] = {}
     for _, x in rows:
         for k, v in x.get("failure_kinds", {}).items():
@@ -699,7 +1021,9 @@ def make_table(spec: GridSpec, results: dict[str, list[dict[str, Any]]]) -> dict
                                    for k in (recs[0].get("online_iteration_s") or {})},
             "config_differs_across_seeds": differ,
             "commands": [r["command"] for r in recs],
-            "git_commits": sorted({(r.get("git") or {}).get("commit") or "?" for r in recs}),
+            "git_commits": sorted({c or "?" for r in recs for c in (
+                (r.get("git") or {}).get("commits") or [(r.get("git") or {}).get("commit")])}),
+            "code_versions": sorted({version_label(r) for r in recs}),
         }
     ref = spec.reference or (spec.arms[0].name if spec.arms else None)
     diffs: dict[str, Any] = {}
@@ -711,7 +1035,39 @@ def make_table(spec: GridSpec, results: dict[str, list[dict[str, Any]]]) -> dict
     return {"grid": spec.name, "description": spec.description,
             "command": f"python benchmarks/grid.py {spec.name}",
             "stages": list(spec.stages), "reference": ref, "arms": arms,
-            "differences_from_reference": diffs}
+            "differences_from_reference": diffs,
+            "mixed_commits": mixed_commits(results, ref)}
+
+
+def mixed_commits(results: dict[str, list[dict[str, Any]]], ref: str | None
+                  ) -> list[dict[str, Any]]:
+    """The pairs of the differences from the reference (an arm's run and the reference's
+    at the same seed) whose runs ran on different code (:func:`run_versions`), each with
+    the commits of both."""
+    if ref not in results:
+        return []
+    by_seed = {r["seed"]: r for r in results[ref]}
+    out = []
+    for name, recs in results.items():
+        for r in recs if name != ref else []:
+            other = by_seed.get(r["seed"])
+            if other is None:
+                continue
+            mine, theirs = run_versions(r), run_versions(other)
+            if len(mine) > 1 or {k for _, k in mine} != {k for _, k in theirs}:
+                out.append({"arm": name, "seed": r["seed"], "commit": version_label(r),
+                            "reference": ref, "reference_commit": version_label(other)})
+    return out
+
+
+def mixed_commits_lines(t: dict[str, Any]) -> list[str]:
+    """One line per arm naming its runs that :func:`mixed_commits` found."""
+    by_arm: dict[str, list[str]] = {}
+    for m in t.get("mixed_commits", []):
+        by_arm.setdefault(m["arm"], []).append(
+            f"seed {m['seed']} {m['commit']} vs {m['reference_commit']}")
+    return [f"- `{arm}` - `{t['reference']}`: " + "; ".join(pairs)
+            for arm, pairs in by_arm.items()]
 
 
 def _pct(x: float | None) -> str:
@@ -763,6 +1119,12 @@ def table_markdown(t: dict[str, Any]) -> str:
                 cells.append("-" if x is None else
                              f"{100 * x['mean']:+.1f}{_ci(*x['ci95'])} ({len(x['seeds'])})")
             out.append(f"| {name} | " + " | ".join(cells) + " |")
+        if lines := mixed_commits_lines(t):
+            out += ["", f"**Warning: {len(t['mixed_commits'])} of these pairs compare runs on "
+                    "different code** (commit, `+dirty:<diff hash>` for uncommitted changes; "
+                    "the difference measures the code's drift as well as the arm; "
+                    f"`python benchmarks/grid.py {t['grid']} --rerun-stale <commit>` reruns "
+                    "them on one):", "", *lines]
     notes = [f"- `{n}`: configs differ across seeds in "
              + ", ".join(a["config_differs_across_seeds"])
              for n, a in t["arms"].items() if a["config_differs_across_seeds"]]
@@ -773,9 +1135,9 @@ def table_markdown(t: dict[str, Any]) -> str:
         out += ["", "Seconds per online iteration (mean), by part:", "", *splits]
     if notes:
         out += ["", "Warnings:", "", *notes]
-    commits = sorted({c for a in t["arms"].values() for c in a["git_commits"]})
-    out += ["", f"Code: commit(s) {', '.join(c[:10] for c in commits)}; the exact command "
-            "and config of each run are in its result file.", ""]
+    commits = sorted({c for a in t["arms"].values() for c in a["code_versions"]})
+    out += ["", f"Code: commit(s) {', '.join(commits)}; the exact command, config and "
+            "attempts (commit, threads, wall time) of each run are in its result file.", ""]
     return "\n".join(out)
 
 
@@ -819,7 +1181,48 @@ def write_table(spec: GridSpec, results_dir: Path = RESULTS) -> list[Path]:
     if (png := plot_curves(spec, results, d / "curves.png")) is not None:
         paths.append(png)
     print(md)
+    if lines := mixed_commits_lines(t):
+        print(f"warning: grid {spec.name}: {len(t['mixed_commits'])} paired run(s) differ "
+              "from their reference run in code:\n" + "\n".join(lines), file=sys.stderr)
     return paths
+
+
+def rerun_stale(jobs: list[Job], commit: str, *, dry_run: bool = False) -> list[Job]:
+    """Clear the jobs whose result, or unfinished run, is not on ``commit``'s code, clean
+    (:func:`is_stale`): their result file, run folder and attempt records go, so that the
+    grid runs them afresh. HEAD must be ``commit``, or a commit with the same code (the
+    same :func:`code_id`: result files committed on top of it, as ``--commit`` does), else
+    :class:`SpecError`. A job another live runner holds is left to it."""
+    target = (_git_or_none("rev-parse", "--verify", "-q", f"{commit}^{{commit}}") or ""
+              ).strip()
+    if not target:
+        raise SpecError(f"--rerun-stale {commit}: not a commit of this repository")
+    head = (_git_or_none("rev-parse", "--verify", "-q", "HEAD") or "").strip()
+    if head != target:
+        differ = sorted({f for j in jobs for f in j.code_files()
+                         if code_id(head, [f]) != code_id(target, [f])})
+        if differ:
+            raise SpecError(f"--rerun-stale {commit}: HEAD is {head[:10]}, not "
+                            f"{target[:10]}, and {', '.join(differ)} differ there: check "
+                            f"out {commit} first (git checkout {commit}), or name HEAD")
+        print(f"note: HEAD {head[:10]} is not {target[:10]} but has its code "
+              f"({', '.join(jobs[0].code_files()) if jobs else 'the package'})")
+    stale = []
+    for job in jobs:
+        if not (why := is_stale(job, target)):
+            continue
+        if not dry_run and (pid := _take_lock(job)) is not None:
+            print(f"busy {job.arm.grid}/{job.name} ({why}): process {pid} runs it")
+            continue
+        stale.append(job)
+        print(f"stale {job.arm.grid}/{job.name}: {why}"
+              + (": would rerun" if dry_run else ": cleared, to rerun"), flush=True)
+        if not dry_run:
+            job.result.unlink(missing_ok=True)
+            shutil.rmtree(job.out, ignore_errors=True)
+            job.attempts.unlink(missing_ok=True)
+            _drop_lock(job)
+    return stale
 
 
 # -- the command line -------------------------------------------------------------------------
@@ -855,6 +1258,15 @@ def main(argv: list[str] | None = None) -> int:
                          "under runs/grid_quick/, never committed)")
     ap.add_argument("--dry-run", action="store_true",
                     help="print each job's state and command, run nothing")
+    ap.add_argument("--allow-dirty", action="store_true",
+                    help="start runs on uncommitted changes to the package, this runner, "
+                         "the grid spec or the recipe (refused otherwise); each result is "
+                         "marked dirty, with the sha256 of the diff (--quick allows them: "
+                         "a wiring check)")
+    ap.add_argument("--rerun-stale", metavar="COMMIT",
+                    help="first clear the runs whose result (or unfinished run) is not on "
+                         "COMMIT's code, clean, so that they run again; HEAD must be "
+                         "COMMIT (or have its code)")
     ap.add_argument("--runs-dir", type=Path, default=None)
     ap.add_argument("--results-dir", type=Path, default=None)
     args = ap.parse_args(argv)
@@ -867,6 +1279,8 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("name a grid (or --list)")
     if args.quick and args.commit:
         ap.error("--quick results are a wiring check: not committed")
+    if args.rerun_stale and (args.table or args.allow_dirty):
+        ap.error("--rerun-stale runs on a clean tree: not with --table or --allow-dirty")
     try:
         spec = load_spec(args.grid)
         jobs = jobs_of(spec, arms=args.arms, seeds=args.seeds, runs_dir=runs_dir,
@@ -874,7 +1288,12 @@ def main(argv: list[str] | None = None) -> int:
         if not args.table:
             if spec.placeholder:
                 raise SpecError(f"grid {spec.name} is a placeholder: {spec.placeholder}")
+            if args.rerun_stale:
+                if not args.dry_run:  # nothing is cleared that could not be rerun
+                    require_clean(jobs, f"grid {spec.name}")
+                rerun_stale(jobs, args.rerun_stale, dry_run=args.dry_run)
             if args.dry_run:
+                _print_tree(jobs)
                 for j in jobs:
                     j.expected_config()
                     st = j.state()
@@ -883,17 +1302,28 @@ def main(argv: list[str] | None = None) -> int:
                                                           python="python"))))
                 return 0
             outcome = run_jobs(jobs, max(1, args.jobs), commit=args.commit,
-                               stages=spec.stages)
+                               stages=spec.stages,
+                               allow_dirty=args.allow_dirty or args.quick)
             print(f"grid {spec.name}: {len(outcome['ran'])} run, {len(outcome['skipped'])} "
                   f"already done, {len(outcome['busy'])} run by another process, "
-                  f"{len(outcome['failed'])} failed")
+                  f"{len(outcome['failed'])} failed"
+                  + (f", {len(outcome['refused'])} not started (uncommitted changes)"
+                     if outcome["refused"] else ""))
     except SpecError as e:
         print(f"grid: {e}", file=sys.stderr)
         return 2
     paths = write_table(spec, results_dir)
     if args.commit:
         commit_files(paths, f"grid {spec.name}: table")
-    return 1 if not args.table and outcome["failed"] else 0
+    return 1 if not args.table and (outcome["failed"] or outcome["refused"]) else 0
+
+
+def _print_tree(jobs: list[Job]) -> None:
+    watched = list(dict.fromkeys(w for j in jobs for w in j.watched_files()))
+    state = tree_state(watched, [])
+    print(f"code: {state['commit']}" + ("" if not state["dirty"] else
+          ", uncommitted changes (a run is refused without --allow-dirty): "
+          + ", ".join(line.strip() for line in state["changed"])))
 
 
 if __name__ == "__main__":

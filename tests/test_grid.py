@@ -1,9 +1,12 @@
 """benchmarks/grid.py: the table's intervals against numbers worked by hand, resuming a grid
 (finished runs skipped, checkpointed ones resumed) with a stand-in recipe, spec errors that
-name their field; one slow test runs a real one-job grid under --quick."""
+name their field; provenance in a repository of its own (a dirty tree refused, attempts'
+commits and wall times, --rerun-stale, the table's warning on mixed code); one slow test runs
+a real one-job grid under --quick."""
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import json
 import math
@@ -45,6 +48,22 @@ def _result(arm: str, seed: int, online: tuple[int, int, float], **extra) -> dic
                        "success_rate": k / n}],
             "wall_s": 600.0 + 60 * seed, "command": f"python r.py --seed {seed}",
             "config": {"seed": seed, "algorithm": "digirl"}, "git": {"commit": "abc"}}
+
+
+def _git(repo: Path, *args: str) -> str:
+    return subprocess.run(["git", *args], cwd=repo, check=True, capture_output=True,
+                          text=True).stdout
+
+
+def _git_repo(path: Path) -> Path:
+    """A git repository at ``path`` with everything in it committed."""
+    path.mkdir(parents=True, exist_ok=True)
+    _git(path, "init", "-q")
+    _git(path, "config", "user.email", "t@t")
+    _git(path, "config", "user.name", "t")
+    _git(path, "add", "-A")
+    _git(path, "commit", "-qm", "init", "--allow-empty")
+    return path
 
 
 def _spec_file(tmp_path: Path, **fields) -> Path:
@@ -122,7 +141,8 @@ def test_table_files(hand_results):
 
 FAKE_RECIPE = textwrap.dedent('''
     """A stand-in for recipes/offline_to_online.py: records how it was called, writes what
-    the Trainer writes (metrics.jsonl, summary.json). Fails for seed 13."""
+    the Trainer writes (metrics.jsonl, summary.json). Fails for seed 13; for seed 21 the
+    first attempt stops after a checkpoint (a resume finishes it)."""
     import argparse, json, os, sys
     from pathlib import Path
     ap = argparse.ArgumentParser()
@@ -137,6 +157,12 @@ FAKE_RECIPE = textwrap.dedent('''
                             "omp": os.environ.get("OMP_NUM_THREADS")}) + "\\n")
     if a.seed == 13:
         sys.exit("boom")
+    if a.seed == 21 and not a.resume:
+        import time
+        (out / "checkpoints").mkdir()
+        (out / "checkpoints" / "latest").write_text("ckpt-0001")
+        time.sleep(0.3)
+        sys.exit(3)
     k = 5 + a.seed
     stages = {}
     with open(out / "metrics.jsonl", "a") as f:
@@ -155,11 +181,18 @@ FAKE_RECIPE = textwrap.dedent('''
 
 
 @pytest.fixture
-def fake_grid(tmp_path):
-    recipe = tmp_path / "fake_recipe.py"
+def fake_grid(tmp_path, monkeypatch):
+    """A grid of the stand-in recipe in a repository of its own (``grid.ROOT``): a package,
+    the recipe and the spec, committed."""
+    repo = tmp_path / "repo"
+    recipe = repo / "fake_recipe.py"
+    (repo / "digirl_lite").mkdir(parents=True)
+    (repo / "digirl_lite" / "code.py").write_text("x = 1")
     recipe.write_text(FAKE_RECIPE)
-    path = _spec_file(tmp_path, seeds=[0, 1, 2], recipe=str(recipe), set={"eval_every": 1},
+    path = _spec_file(repo, seeds=[0, 1, 2], recipe=str(recipe), set={"eval_every": 1},
                       arms=[{"name": "a"}])
+    _git_repo(repo)
+    monkeypatch.setattr(grid, "ROOT", repo)
     return grid.load_spec(path), tmp_path / "runs", tmp_path / "results"
 
 
@@ -186,13 +219,19 @@ def test_resume_skips_finished_and_resumes_checkpointed(fake_grid):
     assert {c["omp"] for c in _calls(ckpt) + _calls(fresh)} == {threads}
     r = json.loads(ckpt.result.read_text())
     assert r["resumed"] is True and "--set eval_every=1" in r["command"]
-    assert r["command"].startswith("python /") and "--resume" not in r["command"]
+    assert r["command"].startswith("python fake_recipe.py ") and "--resume" not in r["command"]
     assert r["stages"]["online"] == {
         "success_rate": 0.6, "n": 10, "successes": 6, "ci95": [0.1, 0.9], "mean_length": 9.0,
         "mean_length_success": 8.0, "failure_kinds": {"ran_out_of_steps": 4}}
     assert [(p["stage"], p["online_trajectories"]) for p in r["curve"]] == [
         ("copier", 0), ("offline", 0), ("online-1", 8), ("online", 16)]
-    assert r["wall_s"] == 12.5 and r["omp_threads"] == int(threads)
+    # the process's wall time, not the Trainer's (12.5 s: the stand-in's made-up summary)
+    [attempt] = r["attempts"]
+    assert r["trainer_wall_s"] == 12.5 and r["wall_s"] == attempt["wall_s"] < 12.5
+    assert r["omp_threads"] == attempt["threads"] == int(threads)
+    assert attempt["resume"] is True and attempt["exit"] == 0 and attempt["dirty"] is False
+    assert attempt["commit"] == r["git"]["commit"] == _git(grid.ROOT, "rev-parse", "HEAD").strip()
+    assert r["dirty"] is False and r["diff_sha256"] is None
     assert r["online_iteration_s"] == {"actor": 1.5, "collect": 0.5, "total": 2.0}
     assert "commit" in r["git"] and r["config"] == {"seed": 1}
     # run again: everything is done, nothing is called
@@ -221,7 +260,11 @@ def test_finished_run_gets_its_result_without_rerunning(fake_grid):
     assert job.state() == "finished"
     outcome = grid.run_jobs([job], 1, check_configs=False, poll_s=0.05)
     assert outcome["ran"] == [job] and len(_calls(job)) == 1
-    assert json.loads(job.result.read_text())["stages"]["online"]["successes"] == 7
+    r = json.loads(job.result.read_text())
+    assert r["stages"]["online"]["successes"] == 7
+    # run by hand, not by a runner: no attempt records, no log; its commit is not this one's
+    assert r["attempts"] == [] and r["git"] == {"commit": None, "commits": []}
+    assert r["wall_s"] == r["trainer_wall_s"] == 12.5 and r["wall_s_from"].startswith("summary")
 
 
 def test_failed_job_leaves_no_result(fake_grid, capsys):
@@ -336,21 +379,208 @@ def test_seed_bands_average_where_every_seed_was_evaluated():
 
 
 def test_commit_takes_only_its_file(tmp_path, monkeypatch):
-    def git(*a):
-        return subprocess.run(["git", *a], cwd=tmp_path, check=True, capture_output=True,
-                              text=True).stdout
-
-    git("init", "-q")
-    git("config", "user.email", "t@t")
-    git("config", "user.name", "t")
     (tmp_path / "a.txt").write_text("a")
-    git("add", "a.txt")
-    git("commit", "-qm", "init")
+    _git_repo(tmp_path)
     (tmp_path / "a.txt").write_text("someone else's staged edit")
-    git("add", "a.txt")
+    _git(tmp_path, "add", "a.txt")
     result = _write(tmp_path / "results" / "x-seed0.json", {"seed": 0})
     monkeypatch.setattr(grid, "ROOT", tmp_path)
     assert grid.commit_files([result], "grid g: x seed 0")
-    assert git("show", "--name-only", "--format=%s", "HEAD").split() == [
+    assert _git(tmp_path, "show", "--name-only", "--format=%s", "HEAD").split() == [
         "grid", "g:", "x", "seed", "0", "results/x-seed0.json"]
-    assert git("diff", "--cached", "--name-only").split() == ["a.txt"]  # still staged
+    assert _git(tmp_path, "diff", "--cached", "--name-only").split() == ["a.txt"]  # staged
+
+
+# -- provenance, and the table's fixes (issue 32, item 3) -------------------------------------
+def _head(repo: Path) -> str:
+    return _git(repo, "rev-parse", "HEAD").strip()
+
+
+def _change_code(repo: Path, text: str) -> str:
+    (repo / "digirl_lite" / "code.py").write_text(text)
+    _git(repo, "commit", "-qam", f"code: {text}")
+    return _head(repo)
+
+
+def test_a_dirty_tree_is_refused_unless_allowed(fake_grid, capsys):
+    spec, runs, results = fake_grid
+    repo = grid.ROOT
+    (repo / "digirl_lite" / "code.py").write_text("x = 2")
+    (repo / "digirl_lite" / "new.py").write_text("y = 1")  # untracked: imported all the same
+    [job] = grid.jobs_of(spec, seeds=[0], runs_dir=runs, results_dir=results)
+    with pytest.raises(grid.DirtyTreeError) as e:
+        grid.run_jobs([job], 1, check_configs=False, poll_s=0.05)
+    assert "refusing to start the grid" in str(e.value)
+    assert " M digirl_lite/code.py\n" in str(e.value) and "?? digirl_lite/new.py" in str(e.value)
+    assert _calls(job) == [] and not job.attempts.exists()
+    argv = [str(spec.path), "--seeds", "0", "--jobs", "1", "--runs-dir", str(runs),
+            "--results-dir", str(results)]
+    assert grid.main(argv) == 2
+    assert "M digirl_lite/code.py" in capsys.readouterr().err and _calls(job) == []
+    # --allow-dirty: it runs, marked dirty, with the hash of the diff and the untracked file
+    assert grid.main([*argv, "--allow-dirty"]) == 0
+    r = json.loads(job.result.read_text())
+    diff = subprocess.run(["git", "diff", "HEAD", "--binary", "--", *job.watched_files()],
+                          cwd=repo, capture_output=True, check=True).stdout
+    assert b"x = 2" in diff
+    sha = hashlib.sha256(diff + b"\ndigirl_lite/new.py\n" + b"y = 1").hexdigest()
+    [attempt] = r["attempts"]
+    assert r["dirty"] is True and r["diff_sha256"] == attempt["diff_sha256"] == sha
+    assert attempt["changed"] == [" M digirl_lite/code.py", "?? digirl_lite/new.py"]
+    assert attempt["diff"].startswith("diff HEAD --binary -- digirl_lite fake_recipe.py ")
+    assert attempt["commit"] == _head(repo)
+
+
+def test_wall_time_and_commits_add_up_over_attempts(fake_grid, capsys):
+    spec, runs, results = fake_grid
+    repo = grid.ROOT
+    [job] = grid.jobs_of(spec, seeds=[21], runs_dir=runs, results_dir=results)
+    first = grid.run_jobs([job], 1, check_configs=False, poll_s=0.05)
+    assert first["failed"] == [job] and job.state() == "resume"
+    c1 = _head(repo)
+    c2 = _change_code(repo, "x = 2")
+    second = grid.run_jobs([job], 1, check_configs=False, poll_s=0.05)
+    assert second["ran"] == [job]
+    assert f"resuming on {c2[:10]} a run begun on other code ({c1[:10]})" in \
+        capsys.readouterr().out
+    r = json.loads(job.result.read_text())
+    a1, a2 = r["attempts"]
+    assert (a1["commit"], a1["resume"], a1["exit"]) == (c1, False, 3) and a1["wall_s"] >= 0.3
+    assert (a2["commit"], a2["resume"], a2["exit"]) == (c2, True, 0)
+    assert a1["code_id"] != a2["code_id"] and a1["threads"] == a2["threads"]
+    assert r["wall_s"] == round(a1["wall_s"] + a2["wall_s"], 1) and r["wall_s_from"] == "attempts"
+    assert r["job_wall_s"] == a2["wall_s"] and r["trainer_wall_s"] == 12.5
+    assert r["git"] == {"commit": c2, "commits": [c1, c2]} and r["resumed"] is True
+    # a run on two versions of the code is its own pair's mismatch
+    assert [label for label, _ in grid.run_versions(r)] == [c1[:10], c2[:10]]
+
+
+def test_a_run_picked_up_finished_keeps_the_commit_it_ran_on(fake_grid):
+    spec, runs, results = fake_grid
+    repo = grid.ROOT
+    [job] = grid.jobs_of(spec, seeds=[2], runs_dir=runs, results_dir=results)
+    grid.run_jobs([job], 1, check_configs=False, poll_s=0.05)
+    c1, before = _head(repo), json.loads(job.result.read_text())
+    job.result.unlink()  # as if the runner had died between the run's end and its result
+    _change_code(repo, "x = 3")
+    assert job.state() == "finished"
+    again = grid.run_jobs([job], 1, check_configs=False, poll_s=0.05)
+    assert again["ran"] == [job] and len(_calls(job)) == 1
+    r = json.loads(job.result.read_text())
+    assert r["git"] == {"commit": c1, "commits": [c1]} and r["attempts"] == before["attempts"]
+    assert r["wall_s"] == before["wall_s"]
+
+
+def test_attempts_from_before_records_come_from_the_log(fake_grid):
+    """A run resumed by this runner after a resume by an older one: the older attempt's
+    start and threads from the log's header, its end from metrics.jsonl, its commit
+    unknown."""
+    from datetime import datetime, timedelta
+
+    spec, runs, results = fake_grid
+    [job] = grid.jobs_of(spec, seeds=[1], runs_dir=runs, results_dir=results)
+    (job.out / "checkpoints").mkdir(parents=True)
+    (job.out / "checkpoints" / "latest").write_text("ckpt-0003")
+    started = (datetime.now() - timedelta(seconds=1000)).isoformat(timespec="seconds")
+    job.log.write_text(f"\n== {started} OMP_NUM_THREADS=2 python r.py --out x\nlost\n")
+    t0 = datetime.fromisoformat(started).timestamp()
+    (job.out / "metrics.jsonl").write_text(json.dumps({"time": t0 + 400, "stage": "pile"}) + "\n")
+    grid.run_jobs([job], 1, check_configs=False, poll_s=0.05)
+    r = json.loads(job.result.read_text())
+    old, new = r["attempts"]
+    assert (old["threads"], old["resume"], old["commit"], old["wall_s"]) == (2, False, None, 400)
+    assert old["from"] == "log" and old["wall_s_from"] == "metrics.jsonl"
+    assert new["resume"] is True and new["commit"] == _head(grid.ROOT)
+    assert r["wall_s"] == round(400 + new["wall_s"], 1)
+    assert r["git"]["commits"] == [None, new["commit"]]
+
+
+def test_rerun_stale_reruns_what_is_not_on_the_commit(fake_grid, capsys):
+    spec, runs, results = fake_grid
+    repo = grid.ROOT
+    old, new = grid.jobs_of(spec, seeds=[0, 1], runs_dir=runs, results_dir=results)
+    grid.run_jobs([old], 1, check_configs=False, poll_s=0.05)
+    c1 = _head(repo)
+    c2 = _change_code(repo, "x = 2")
+    grid.run_jobs([new], 1, check_configs=False, poll_s=0.05)
+    (repo / "results.md").write_text("a table")  # results committed on top: c2's code
+    _git(repo, "add", "results.md")
+    _git(repo, "commit", "-qm", "results")
+    argv = [str(spec.path), "--seeds", "0", "1", "--jobs", "1", "--runs-dir", str(runs),
+            "--results-dir", str(results)]
+    assert grid.main([*argv, "--rerun-stale", c1]) == 2
+    err = capsys.readouterr().err
+    assert f"HEAD is {_head(repo)[:10]}, not {c1[:10]}, and digirl_lite differ" in err
+    assert grid.main([*argv, "--rerun-stale", c2, "--dry-run"]) == 0
+    assert f"stale g/a-seed0: result on {c1[:10]}: would rerun" in capsys.readouterr().out
+    assert old.result.is_file() and len(_calls(old)) == 1
+    assert grid.main([*argv, "--rerun-stale", c2]) == 0
+    out = capsys.readouterr().out
+    assert f"HEAD {_head(repo)[:10]} is not {c2[:10]} but has its code" in out
+    assert "stale g/a-seed0" in out and "a-seed1" not in out.split("grid g:")[0]
+    assert len(_calls(old)) == 1 and len(_calls(new)) == 1  # run afresh: a new folder
+    r0, r1 = (json.loads(j.result.read_text()) for j in (old, new))
+    assert r0["git"]["commit"] == _head(repo) and r1["git"]["commit"] == c2
+    assert grid.run_versions(r0)[0][1] == grid.run_versions(r1)[0][1]  # the same code
+    assert grid.is_stale(old, c2) is None and grid.is_stale(new, c2) is None
+
+
+def test_a_seed_without_successes_keeps_the_success_length(hand_results):
+    spec, res = hand_results
+    # seed 3 of arm a: no success, and summary.json's NaN for the length of its successes
+    _write(res / "g" / "a-seed3.json", _result("a", 3, (0, 10, float("nan"))))
+    s = grid.stage_stats(grid.load_results(res, spec)["a"], "online")
+    assert (s["successes"], s["n"]) == (18, 40)
+    assert s["mean_length_success"] == pytest.approx(220 / 18)  # seeds 0-2's successes
+    grid.write_table(spec, res)
+    assert "| a | online | 4 |" in (res / "g" / "table.md").read_text()
+    assert "| 12.2 |" in (res / "g" / "table.md").read_text()
+
+
+def test_a_borrowed_arm_brings_the_specs_seeds_only(tmp_path):
+    res = tmp_path / "results"
+    for s in range(5):
+        _write(res / "base" / f"digirl-seed{s}.json",
+               {**_result("digirl", s, (5, 10, 8.0)), "grid": "base"})
+    for s in (0, 1, 2, 7):  # its own arm's seed 7 (run with --seeds 7) stays
+        _write(res / "abl" / f"mse-seed{s}.json", _result("mse", s, (4, 10, 8.0)))
+    _write(tmp_path / "grids" / "base.json", {"seeds": [0, 1, 2, 3, 4],
+                                              "arms": [{"name": "digirl"}]})
+    spec = grid.load_spec(_write(tmp_path / "grids" / "abl.json", {
+        "seeds": [0, 1, 2], "arms": [{"name": "digirl", "from_grid": "base"},
+                                     {"name": "mse"}]}))
+    results = grid.load_results(res, spec)
+    assert [r["seed"] for r in results["digirl"]] == [0, 1, 2]
+    assert [r["seed"] for r in results["mse"]] == [0, 1, 2, 7]
+    t = grid.make_table(spec, results)
+    assert t["arms"]["digirl"]["stages"]["online"]["n_seeds"] == 3
+    assert t["differences_from_reference"]["mse"]["online"]["seeds"] == [0, 1, 2]
+
+
+def test_table_warns_when_paired_runs_ran_on_different_code(tmp_path, capsys):
+    res = tmp_path / "results"
+    c, d, e = "c" * 40, "d" * 40, "e" * 40
+    same = {"commit": c, "code_id": "code1", "dirty": False}
+    runs = {("a", 0): [same], ("a", 1): [same], ("a", 2): [same],
+            ("b", 0): [{**same, "commit": d}],  # results committed since: the same code
+            ("b", 1): [{"commit": e, "code_id": "code2", "dirty": False}],
+            ("b", 2): [{**same, "dirty": True, "diff_sha256": "f" * 64}]}
+    for (arm, seed), attempts in runs.items():
+        r = _result(arm, seed, (5, 10, 8.0))
+        del r["git"]
+        _write(res / "g" / f"{arm}-seed{seed}.json", {**r, "attempts": attempts})
+    # a result from before attempt records, on a commit this repository does not have
+    _write(res / "g" / "c-seed0.json", _result("c", 0, (5, 10, 8.0)))
+    spec = grid.load_spec(_spec_file(tmp_path, arms=[{"name": "a"}, {"name": "b"},
+                                                     {"name": "c"}]))
+    assert grid.main([str(spec.path), "--table", "--results-dir", str(res)]) == 0
+    err = capsys.readouterr().err
+    assert "3 paired run(s) differ from their reference run in code" in err
+    assert f"- `b` - `a`: seed 1 {e[:10]} vs {c[:10]}; seed 2 {c[:10]}+dirty:ffffffff vs " \
+           f"{c[:10]}\n" in err
+    assert f"- `c` - `a`: seed 0 abc vs {c[:10]}" in err
+    md = (res / "g" / "table.md").read_text()
+    assert "**Warning: 3 of these pairs compare runs on different code**" in md
+    assert f"- `b` - `a`: seed 1 {e[:10]} vs {c[:10]};" in md
+    t = json.loads((res / "g" / "table.json").read_text())
+    assert [(m["arm"], m["seed"]) for m in t["mixed_commits"]] == [("b", 1), ("b", 2), ("c", 0)]
