@@ -164,6 +164,22 @@ def test_unjudged_episodes_are_counted_both_ways_and_keep_their_truth():
     assert s["judge_agreement"]["episodes"] == s["judged_episodes"]
 
 
+def test_the_truth_crosses_process_boundaries():
+    """Worker processes ship each step's ``info``; the truth and the milestone arrive with
+    it, as in process."""
+    from digirl_lite.rollout.fleet import ProcessFleet
+
+    agent = ScriptedBatchAgent(lambda slot: Copier(seed=slot))
+    local = LocalFleet(SimEnvFactory(tasks="webshop_test"), n_envs=2).collect(
+        agent, TEST_TASKS[:4], ScreenTable(), id_prefix="p", seed=1)
+    with ProcessFleet(SimEnvFactory(tasks="webshop_test"), n_envs=2) as fleet:
+        remote = fleet.collect(ScriptedBatchAgent(lambda slot: Copier(seed=slot)),
+                               TEST_TASKS[:4], ScreenTable(), id_prefix="p", seed=1)
+    assert all(e.trajectory.true_success is not None for e in remote)
+    assert [(e.trajectory.true_success, e.reached_first_milestone) for e in remote] == \
+        [(e.trajectory.true_success, e.reached_first_milestone) for e in local]
+
+
 def test_an_infrastructure_truncation_has_no_truth():
     fleet = LocalFleet(SimEnvFactory(tasks="webshop_test", faults={"crash": 1.0}), n_envs=1)
     eps = fleet.collect(ScriptedBatchAgent(lambda slot: ScriptedExpert()), TEST_TASKS[:2],
@@ -249,3 +265,37 @@ def test_the_trl_export_keeps_the_truth_and_an_older_export_reads_none():
     assert [t.true_success for t in back] == [True, None] and back == trajs
     back, _ = from_messages_dataset(dset.remove_columns(["true_success"]))
     assert [t.true_success for t in back] == [None, None]
+
+
+# -- a run ------------------------------------------------------------------------------------
+@pytest.mark.slow  # a Trainer built and run: ~15 s on 2 shared cores
+def test_a_run_with_a_noisy_judge_prints_and_saves_judged_and_true_side_by_side(tmp_path,
+                                                                                 capsys):
+    """A tiny run (starting policy, pile, offline phase; no online phase) judged by the
+    calibrated noisy judge: each evaluation's stage line shows both rates, summary.json
+    keeps them, and the stored evaluation episodes carry the truth it counted."""
+    from digirl_lite.train.config import sim_quick
+    from digirl_lite.train.trainer import Trainer
+
+    small = {"pile_size": 4, "eval_tasks": 8, "iterations": 1, "rollouts_per_iteration": 2,
+             "n_envs": 4, "offline_critic_updates": 1, "critic_updates": 1,
+             "offline_actor_updates": 1, "actor_updates": 1}
+    judge = {"judge": "noisy_oracle", "false_success_rate": 0.05, "false_failure_rate": 0.3}
+    out = tmp_path / "run"
+    t = Trainer(sim_quick(**small, judge=judge), out, cache_dir=None, progress=True)
+    t.run(online=False)
+    t.close()
+    printed = capsys.readouterr().out
+    summary = json.loads((out / "summary.json").read_text())
+    for stage in ("copier", "offline"):
+        rep = summary["stages"][stage]
+        assert rep["truth"] == "environment" and rep["true_episodes"] == 8
+        line = (f"eval:{stage}: success {100 * rep['success_rate']:.1f}% (judge) | "
+                f"{100 * rep['true_success_rate']:.1f}% (true)")
+        assert line in printed, printed[-2000:]
+        trajs, _ = load_trajectories(out / "eval" / stage, with_images=False)
+        assert rep["true_successes"] == sum(bool(x.true_success) for x in trajs)
+        assert rep["successes"] == sum(x.is_success for x in trajs)
+        assert rep["judge_agreement"]["episodes"] == 8
+    assert any(summary["stages"][s]["true_success_rate"] != summary["stages"][s]["success_rate"]
+               for s in ("copier", "offline"))  # the judge's noise shows
