@@ -761,7 +761,13 @@ def commit_files(paths: list[Path], message: str, tries: int = 5) -> bool:
 
 
 def _stage_line(record: dict[str, Any], stages: tuple[str, ...]) -> str:
-    return ", ".join(f"{st} {100 * record['stages'][st]['success_rate']:.1f}%"
+    """``online 62.5%``, or ``online 62.5% (true 60.4%)`` where the run has a truth."""
+    def rate(r: dict[str, Any]) -> str:
+        true = (f" (true {100 * r['true_success_rate']:.1f}%)"
+                if r.get("truth") == "environment" else "")
+        return f"{100 * r['success_rate']:.1f}%{true}"
+
+    return ", ".join(f"{st} {rate(record['stages'][st])}"
                      for st in stages if st in record["stages"])
 
 

@@ -629,3 +629,10 @@ def test_a_result_record_keeps_the_truth(tmp_path):
     assert row["truth"] == "environment" and row["true_successes"] == 4
     assert row["judge_agreement"]["judged_success"] == {"true_success": 4, "true_failure": 1}
     assert row["success_rate_unjudged_as_failures"] == 5 / 11
+
+
+def test_the_finished_runs_line_shows_the_true_rate_where_there_is_one():
+    rec = {"stages": {"copier": _stage(3, 10, 9.0),
+                      "online": _stage(5, 8, 9.0, **_truth(6, 10, 4, 1, 2, 3))}}
+    assert grid._stage_line(rec, ("copier", "online")) == \
+        "copier 30.0%, online 62.5% (true 60.0%)"

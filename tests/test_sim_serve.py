@@ -462,6 +462,16 @@ def test_android_env_reads_the_truth_from_a_served_phone(phone):
                     seed=0)
     assert t.true_success is None and sent.count(IS_SUCCESS) == 2
     env.close()
+    # under the device's own check as the judge, the last step's verdict is the truth:
+    # one check per step, none more
+    from digirl_lite.envs.sim.oracle import EnvJudge
+
+    env = AndroidEnv(config(phone.url), judge=EnvJudge(), device=dev, horizon=10)
+    t = run_episode(env, TwinExpert(0), ScreenTable(), traj_id="e", task="Go to ebay.com",
+                    seed=0)
+    assert t.is_success and t.true_success is True
+    assert sent.count(IS_SUCCESS) == 2 + len(t)
+    env.close()
 
 
 def test_a_device_without_the_check_gives_no_truth_and_is_not_asked_again(phone):
