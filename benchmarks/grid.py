@@ -93,7 +93,10 @@ RUNNER_FLAGS = {"--out": "the runner sets it", "--seed": "use the spec's seeds",
                 "--config": "use the config field", "--quick": "pass --quick to the runner",
                 "--filtered-bc": 'make Filtered BC its own arm: "set": {"algorithm": '
                                  '"filtered_bc"}'}
-OPTIONAL_STAGE_KEYS = ("invalid_step_rate", "unjudged", "unjudged_step_rate", "day")
+OPTIONAL_STAGE_KEYS = ("invalid_step_rate", "unjudged", "unjudged_step_rate", "day",
+                       "success_rate_unjudged_as_failures", "truth", "true_success_rate",
+                       "true_successes", "true_episodes", "judge_agreement")
+"""Copied into a result file where the run's summary has them (the truth keys: issue 32)."""
 CURVE_X = ("online_trajectories", "day")
 
 
@@ -758,7 +761,13 @@ def commit_files(paths: list[Path], message: str, tries: int = 5) -> bool:
 
 
 def _stage_line(record: dict[str, Any], stages: tuple[str, ...]) -> str:
-    return ", ".join(f"{st} {100 * record['stages'][st]['success_rate']:.1f}%"
+    """``online 62.5%``, or ``online 62.5% (true 60.4%)`` where the run has a truth."""
+    def rate(r: dict[str, Any]) -> str:
+        true = (f" (true {100 * r['true_success_rate']:.1f}%)"
+                if r.get("truth") == "environment" else "")
+        return f"{100 * r['success_rate']:.1f}%{true}"
+
+    return ", ".join(f"{st} {rate(record['stages'][st])}"
                      for st in stages if st in record["stages"])
 
 
@@ -975,6 +984,7 @@ def stage_stats(records: list[dict[str, Any]], stage: str) -> dict[str, Any] | N
             kinds[k] = kinds.get(k, 0) + int(v)
     inv = [x["invalid_step_rate"] for _, x in rows if "invalid_step_rate" in x]
     days = {x.get("day") for _, x in rows}
+    true = _true_stats([x for _, x in rows])
     return {"seeds": [s for s, _ in rows], "n_seeds": len(rows),
             "per_seed": [x["success_rate"] for _, x in rows],
             "mean": m, "ci95_seeds": [max(0.0, lo), min(1.0, hi)] if lo == lo else [lo, hi],
@@ -983,7 +993,32 @@ def stage_stats(records: list[dict[str, Any]], stage: str) -> dict[str, Any] | N
             "mean_length_success": length / wins if wins else float("nan"),
             "failure_kinds": kinds,
             "invalid_step_rate": _nanmean(inv) if inv else None,
-            "day": days.pop() if len(days) == 1 else None}  # the drift day, where all agree
+            "day": days.pop() if len(days) == 1 else None,  # the drift day, where all agree
+            **({"true": true} if true else {})}
+
+
+def _true_stats(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The environment's truth over the seeds that have one (issue 32): the mean of their
+    true rates with a 95% t-interval, the pooled true rate with a Wilson interval, and the
+    judge's pooled accuracy against it; None where no seed has a truth."""
+    from digirl_lite.judge.calibration import wilson_interval
+    from digirl_lite.viz.curves import mean_ci95
+
+    rows = [x for x in rows if x.get("truth") == "environment" and x.get("true_episodes")]
+    if not rows:
+        return None
+    m, lo, hi = mean_ci95([x["true_success_rate"] for x in rows])
+    k = sum(int(x["true_successes"]) for x in rows)
+    n = sum(int(x["true_episodes"]) for x in rows)
+    agree = [x["judge_agreement"] for x in rows if x.get("judge_agreement")]
+    right = sum(a["judged_success"]["true_success"] + a["judged_failure"]["true_failure"]
+                for a in agree)
+    judged = sum(a["episodes"] for a in agree)
+    return {"n_seeds": len(rows), "mean": m,
+            "ci95_seeds": [max(0.0, lo), min(1.0, hi)] if lo == lo else [lo, hi],
+            "pooled": k / n, "successes": k, "n": n,
+            "ci95_pooled": list(wilson_interval(k, n)),
+            "judge_accuracy": right / judged if judged else float("nan")}
 
 
 def paired_difference(a: list[dict[str, Any]], b: list[dict[str, Any]], stage: str
@@ -1078,7 +1113,19 @@ def _ci(lo: float, hi: float) -> str:
     return "" if lo != lo else f" [{100 * lo:.1f}, {100 * hi:.1f}]"
 
 
+def _true_cell(true: dict[str, Any] | None) -> str:
+    """The ``true`` column: the pooled true rate, its interval and count, and how often the
+    judge was right ("-" for a stage without a truth)."""
+    if true is None:
+        return "-"
+    acc = true["judge_accuracy"]
+    right = "" if acc != acc else f"; judge {_pct(acc)}% right"
+    return (f"{_pct(true['pooled'])}{_ci(*true['ci95_pooled'])} "
+            f"({true['successes']}/{true['n']}{right})")
+
+
 def table_markdown(t: dict[str, Any]) -> str:
+    truth = any(s and s.get("true") for a in t["arms"].values() for s in a["stages"].values())
     out = [f"# Grid `{t['grid']}`", ""]
     if t["description"]:
         out += [t["description"], ""]
@@ -1088,23 +1135,30 @@ def table_markdown(t: dict[str, Any]) -> str:
             "a 95% t-interval (n - 1 degrees of freedom, clipped to [0, 100]); *pooled*: all "
             "seeds' episodes together (successes / judged episodes) with a Wilson 95% "
             "interval. *Length*: mean steps of the successful episodes. *Invalid*: share "
-            "of evaluation steps whose action did not parse (where reported). *Wall*: "
+            "of evaluation steps whose action did not parse (where reported). "
+            + ("*True*: the environment's own check instead of the judge, pooled over the "
+               "seeds that have one (successes / episodes with a truth, unjudged ones "
+               "included) with a Wilson 95% interval, and the share of judged episodes the "
+               "judge called right. " if truth else "")
+            + "*Wall*: "
             "minutes per run (mean over seeds; a run that built its pile rather than read "
             "it from the cache takes longer: `piles_built` in table.json).", "",
-            "| arm | stage | seeds | over seeds | pooled | length | invalid | failure kinds "
-            "| wall |", "|---|---|---|---|---|---|---|---|---|"]
+            "| arm | stage | seeds | over seeds | pooled | " + ("true | " if truth else "")
+            + "length | invalid | failure kinds | wall |",
+            "|---|---|---|---|---|" + ("---|" if truth else "") + "---|---|---|---|"]
     for name, a in t["arms"].items():
         for st in t["stages"]:
             s = a["stages"].get(st)
             if s is None:
                 continue
+            true_cell = f"{_true_cell(s.get('true'))} | " if truth else ""
             kinds = ", ".join(f"{k} {v}" for k, v in s["failure_kinds"].items() if v) or "-"
             length = "-" if s["mean_length_success"] != s["mean_length_success"] else \
                 f"{s['mean_length_success']:.1f}"
             day = f" (day {s['day']})" if s.get("day") not in (None, 1) else ""
             out.append(f"| {name} | {st}{day} | {s['n_seeds']} | {_pct(s['mean'])}"
                        f"{_ci(*s['ci95_seeds'])} | {_pct(s['pooled'])}{_ci(*s['ci95_pooled'])}"
-                       f" ({s['successes']}/{s['n']}) | {length} | "
+                       f" ({s['successes']}/{s['n']}) | {true_cell}{length} | "
                        f"{_pct(s['invalid_step_rate'])} | {kinds} | "
                        f"{a['wall_s_mean'] / 60:.1f} |")
     if t["differences_from_reference"]:

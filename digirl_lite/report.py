@@ -72,8 +72,11 @@ def _fmt(x: Any, spec: str = ".3f") -> str:
 def _summary_table(rows: list[dict[str, Any]]) -> str:
     e = html.escape
     kinds = list(dict.fromkeys(k for r in rows for k in (r.get("failure_kinds") or {})))
-    head = ("<tr><th>stage</th><th>online trajectories</th><th>success rate</th>"
-            "<th>95% interval</th><th>episodes</th><th>mean length</th>"
+    # the environment's truth beside the judge's rate, where a stage has one (issue 32)
+    truth = any(r.get("truth") == "environment" for r in rows)
+    head = ("<tr><th>stage</th><th>online trajectories</th><th>success rate (judge)</th>"
+            + ("<th>true success rate</th><th>judge accuracy</th>" if truth else "")
+            + "<th>95% interval</th><th>episodes</th><th>mean length</th>"
             "<th>invalid steps</th>"
             + "".join(f"<th>{e(k.replace('_', ' '))}</th>" for k in kinds) + "</tr>")
     body = []
@@ -84,11 +87,22 @@ def _summary_table(rows: list[dict[str, Any]]) -> str:
             f"<tr><td>{e(str(r['stage']))}</td><td>{_fmt(r.get('online_trajectories'), 'd')}</td>"
             + (f"<td>incomplete: {e(str(r.get('judged')))} judged</td>"  # issue 29
                if r.get("complete") is False else f"<td>{_fmt(r.get('success_rate'))}</td>")
+            + (_truth_cells(r) if truth else "")
             + f"<td>[{_fmt(ci[0], '.2f')}, {_fmt(ci[1], '.2f')}]</td>"
             f"<td>{_fmt(r.get('episodes'), 'd')}</td><td>{_fmt(r.get('mean_length'), '.2f')}</td>"
             f"<td>{_fmt(r.get('invalid_step_rate'), '.1%')}</td>"
             + "".join(f"<td>{_fmt(fk.get(k), 'd')}</td>" for k in kinds) + "</tr>")
     return f'<table class="dl-sum">{head}{"".join(body)}</table>'
+
+
+def _truth_cells(r: dict[str, Any]) -> str:
+    """The true success rate (true successes / episodes with a truth) and the judge's
+    accuracy against it; dashes for a stage without a truth."""
+    if r.get("truth") != "environment":
+        return "<td>&ndash;</td><td>&ndash;</td>"
+    agree = r.get("judge_agreement") or {}
+    return (f"<td>{_fmt(r.get('true_success_rate'))} ({_fmt(r.get('true_successes'), 'd')}/"
+            f"{_fmt(r.get('true_episodes'), 'd')})</td><td>{_fmt(agree.get('accuracy'))}</td>")
 
 
 def _on_policy_note(grader: Any, run: Any) -> str:
@@ -215,8 +229,11 @@ def build_report(run_dir: str | os.PathLike[str], out: str | os.PathLike[str] | 
         trajs = trajs[:max_per_stage] if max_per_stage else trajs
         graded = grader.grade(trajs, screens) if grader is not None else {}
         wins = sum(t.is_success for t in trajs)
+        known = [t for t in trajs if t.true_success is not None]
+        true = (f" (judge); {sum(t.true_success for t in known)} of {len(known)} truly "
+                "(the environment's check)" if known else "")
         parts.append(f'<h3 id="stage-{e(stage)}">{e(stage)}: {wins} of {len(trajs)} '
-                     f"trajectories succeeded</h3>")
+                     f"trajectories succeeded{true}</h3>")
         for t in trajs:
             parts.append(trajectory_html(t, screens, graded.get(t.traj_id),
                                          thumb_width=thumb_width, image_src=image_src,

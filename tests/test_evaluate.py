@@ -82,3 +82,17 @@ def test_an_evaluation_with_too_few_tasks_judged_is_incomplete_and_says_which(ca
     print_table({"digirl": {"stages": {"online": summarize(ten)}}}, 10)  # the count beside
     assert "100.0% ( 2.0;  0.0% inv) [9/10 judged]" in capsys.readouterr().out
     assert not summarize([])["complete"]
+
+
+def test_the_results_table_shows_the_true_rate_where_there_is_one(capsys):
+    from dataclasses import replace
+
+    from digirl_lite.train.cli import print_table
+
+    win = episode([TAP, STOP], Ending.SUCCESS)
+    false_win = replace(win, trajectory=replace(win.trajectory, traj_id="f",
+                                                true_success=False))
+    s = summarize([replace(win, trajectory=replace(win.trajectory, true_success=True)),
+                   false_win])
+    print_table({"digirl": {"stages": {"online": s}}}, 2)
+    assert "100.0% ( 2.0;  0.0% inv) [true 50.0%]" in capsys.readouterr().out

@@ -584,3 +584,55 @@ def test_table_warns_when_paired_runs_ran_on_different_code(tmp_path, capsys):
     assert f"- `b` - `a`: seed 1 {e[:10]} vs {c[:10]};" in md
     t = json.loads((res / "g" / "table.json").read_text())
     assert [(m["arm"], m["seed"]) for m in t["mixed_commits"]] == [("b", 1), ("b", 2), ("c", 0)]
+
+
+def _truth(k_true: int, n: int, tp: int, fp: int, fn: int, tn: int) -> dict:
+    return {"truth": "environment", "true_success_rate": k_true / n, "true_successes": k_true,
+            "true_episodes": n, "judge_agreement": {
+                "judged_success": {"true_success": tp, "true_failure": fp},
+                "judged_failure": {"true_success": fn, "true_failure": tn},
+                "episodes": tp + fp + fn + tn, "accuracy": (tp + tn) / (tp + fp + fn + tn)}}
+
+
+def test_the_table_shows_the_true_rate_beside_the_judged_one(tmp_path):
+    """Issue 32: where the results carry the environment's truth, table.md gains a `true`
+    column (pooled true rate, its count, how often the judge was right), hand-counted; an
+    arm without a truth shows "-" there, and a grid with none keeps its old columns."""
+    res = tmp_path / "results"
+    # arm a, online: judged 5/10 and 7/10; true 4/10 and 6/10; judge right 9 + 8 of 20
+    _write(res / "g" / "a-seed0.json", _result("a", 0, (5, 10, 10.0), **_truth(4, 10, 4, 1, 0, 5)))
+    _write(res / "g" / "a-seed1.json", _result("a", 1, (7, 10, 10.0), **_truth(6, 10, 5, 2, 0, 3)))
+    _write(res / "g" / "b-seed0.json", _result("b", 0, (5, 10, 10.0)))
+    spec = grid.load_spec(_spec_file(tmp_path, seeds=[0, 1]))
+    results = grid.load_results(res, spec)
+    true = grid.stage_stats(results["a"], "online")["true"]
+    assert (true["successes"], true["n"], true["pooled"]) == (10, 20, 0.5)
+    assert true["mean"] == pytest.approx(0.5) and true["judge_accuracy"] == 17 / 20
+    assert "true" not in grid.stage_stats(results["b"], "online")
+    md = grid.table_markdown(grid.make_table(spec, results))
+    assert "| pooled | true | length |" in md
+    assert "| 60.0 [38.7, 78.1] (12/20) | 50.0 [29.9, 70.1] (10/20; judge 85.0% right) | 10.0 |" \
+        in md
+    assert "| b | online | 1 | 50.0 | 50.0 [23.7, 76.3] (5/10) | - | 10.0 |" in md
+    no_truth = grid.table_markdown(grid.make_table(spec, {"b": results["b"]}))
+    assert "true" not in no_truth.split("| arm |")[1].split("\n")[0]
+
+
+def test_a_result_record_keeps_the_truth(tmp_path):
+    """The truth keys of a run's summary travel into its result file."""
+    job = grid.jobs_of(grid.load_spec(_spec_file(tmp_path)))[0]
+    job.out.mkdir(parents=True)
+    rep = {**_stage(5, 10, 10.0), "ci95": [0.2, 0.8], "judged_episodes": 10,
+           "success_rate_unjudged_as_failures": 5 / 11, **_truth(4, 11, 4, 1, 0, 5)}
+    (job.out / "summary.json").write_text(json.dumps({"stages": {"online": rep}}))
+    row = grid.result_record(job, attempts=[])["stages"]["online"]
+    assert row["truth"] == "environment" and row["true_successes"] == 4
+    assert row["judge_agreement"]["judged_success"] == {"true_success": 4, "true_failure": 1}
+    assert row["success_rate_unjudged_as_failures"] == 5 / 11
+
+
+def test_the_finished_runs_line_shows_the_true_rate_where_there_is_one():
+    rec = {"stages": {"copier": _stage(3, 10, 9.0),
+                      "online": _stage(5, 8, 9.0, **_truth(6, 10, 4, 1, 2, 3))}}
+    assert grid._stage_line(rec, ("copier", "online")) == \
+        "copier 30.0%, online 62.5% (true 60.0%)"

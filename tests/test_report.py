@@ -230,3 +230,21 @@ def test_report_renders_in_headless_chromium(report, tmp_path):
     dom = _headless("--dump-dom", (moved / "index.html").as_uri())
     body = re.search(r"<body[^>]*>", dom.stdout).group(0)
     assert f'data-broken-images="{n_img}"' in body, body
+
+
+def test_the_summary_table_shows_the_true_rate_beside_the_judged_one():
+    """Issue 32: a stage with the environment's truth shows its true rate (with the count)
+    and the judge's accuracy beside the judged rate; a stage without one shows dashes; a
+    run with no truth at all keeps its old columns."""
+    from digirl_lite.report import _summary_table
+
+    judged = {"stage": "online", "online_trajectories": 16, "success_rate": 0.625,
+              "ci95": [0.4, 0.8], "episodes": 48, "mean_length": 9.5}
+    true = {**judged, "truth": "environment", "true_success_rate": 0.604,
+            "true_successes": 29, "true_episodes": 48,
+            "judge_agreement": {"accuracy": 0.9}}
+    html = _summary_table([true, {**judged, "stage": "copier", "truth": "none"}])
+    assert "<th>success rate (judge)</th><th>true success rate</th>" in html
+    assert "<td>0.625</td><td>0.604 (29/48)</td><td>0.900</td>" in html
+    assert "<td>copier</td><td>16</td><td>0.625</td><td>&ndash;</td><td>&ndash;</td>" in html
+    assert "true success" not in _summary_table([judged])

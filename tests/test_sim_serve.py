@@ -29,6 +29,7 @@ from digirl_lite.actions import (
     format_action,
     to_gesture,
 )
+from digirl_lite.data.records import Ending, ScreenTable
 from digirl_lite.envs.base import TRUNCATION_INFRA
 from digirl_lite.envs.sim import Copier, Faults, ScriptedExpert, SimPhoneEnv, Surprises
 from digirl_lite.envs.sim.agents import expert_action
@@ -206,7 +207,8 @@ def test_an_expert_over_the_wire_sees_the_same_pixels_as_in_process():
                 blanks += screen_id == "blank"
                 assert same(dev.screenshot(), shot), (task, g)
             assert is_success(twin.state, twin.task)
-            assert dev.driver.execute_script(IS_SUCCESS) == {"success": True}
+            assert dev.driver.execute_script(IS_SUCCESS) == {"success": True,
+                                                             "reached_first_milestone": True}
         dev.quit()
     assert blanks and surprises  # the faults and surprises did happen
 
@@ -263,11 +265,13 @@ def test_set_task_is_success_and_info(phone):
         d.execute_script("mobile: shell", {"command": "ls"})
     assert d.execute_script(SET_TASK, {"task": "Open the Settings", "seed": 4}) == {
         "horizon": 10, "task": "Open the Settings"}
-    assert d.execute_script(IS_SUCCESS) == {"success": False}
+    assert d.execute_script(IS_SUCCESS) == {"success": False,
+                                            "reached_first_milestone": False}
     twin = SimPhoneEnv(surprises=NONE)
     twin.load_task("Open the Settings")
     d.tap([tuple(round(v) for v in find(twin.state, "icon:settings").center)])
-    assert d.execute_script(IS_SUCCESS) == {"success": True}
+    assert d.execute_script(IS_SUCCESS) == {"success": True,
+                                            "reached_first_milestone": True}
     assert d.execute_script(INFO)["seed"] == 4
     # no task: drawn from the world's list, as SimPhoneEnv.reset(None, seed) draws it
     drawn = d.execute_script(SET_TASK, {"seed": 9})
@@ -404,3 +408,112 @@ def test_spawn_phones_reports_a_phone_that_does_not_start():
     with pytest.raises(RuntimeError, match=r"(?s)phone 0 exited with code 1:\n.*does not exist"):
         spawn_phones(1, world="no-such-task-list")
 
+
+
+# -- ground truth over the wire (issue 32) -----------------------------------------------------
+class _SaysFailure:
+    """A judge that calls every screen a failure (so the truth and the verdict differ)."""
+
+    def reset(self) -> None:
+        pass
+
+    def judge(self, task, prev, cur, *, history=None, state=None):
+        from digirl_lite.data.records import Verdict
+        from digirl_lite.judge import JudgeResult
+
+        return JudgeResult(Verdict.FAILURE, reply="Status: failure")
+
+
+def _counting(dev: AppiumDevice) -> list[str]:
+    """The execute-scripts ``dev`` sends from now on, by name."""
+    sent, execute = [], dev.execute
+
+    def spy(script, args=None):
+        sent.append(script)
+        return execute(script, args)
+
+    dev.execute = spy
+    return sent
+
+
+def test_android_env_reads_the_truth_from_a_served_phone(phone):
+    """The served phone told the task (reset "task") answers its own check at each
+    episode's last step: the expert's episode is true while the judge said failure; a
+    tapper never reached the site. One check per episode, before the teardown."""
+    from phone_agents import Tapper, TwinExpert
+
+    from digirl_lite.rollout import run_episode
+
+    dev = AppiumDevice(config(phone.url))
+    sent = _counting(dev)
+    env = AndroidEnv(config(phone.url), judge=_SaysFailure(), device=dev, reset="task",
+                     horizon=10)
+    t = run_episode(env, TwinExpert(0), ScreenTable(), traj_id="x", task="Go to ebay.com",
+                    seed=0)
+    assert t.ending is Ending.AGENT_STOP and t.true_success is True  # judged failure, true
+    assert sent.count(IS_SUCCESS) == 1
+    infos = []
+    t = run_episode(env, Tapper(0), ScreenTable(), traj_id="y", task="Go to ebay.com", seed=0,
+                    on_step=infos.append)
+    assert t.true_success is False and infos[-1]["reached_first_milestone"] is False
+    assert all("true_success" not in i for i in infos[:-1])  # asked at the last step only
+    env.ground_truth = False
+    t = run_episode(env, TwinExpert(0), ScreenTable(), traj_id="z", task="Go to ebay.com",
+                    seed=0)
+    assert t.true_success is None and sent.count(IS_SUCCESS) == 2
+    env.close()
+    # under the device's own check as the judge, the last step's verdict is the truth:
+    # one check per step, none more
+    from digirl_lite.envs.sim.oracle import EnvJudge
+
+    env = AndroidEnv(config(phone.url), judge=EnvJudge(), device=dev, horizon=10)
+    t = run_episode(env, TwinExpert(0), ScreenTable(), traj_id="e", task="Go to ebay.com",
+                    seed=0)
+    assert t.is_success and t.true_success is True
+    assert sent.count(IS_SUCCESS) == 2 + len(t)
+    env.close()
+
+
+def test_a_device_without_the_check_gives_no_truth_and_is_not_asked_again(phone):
+    """A device that refuses ``digirl: isSuccess`` (a real phone would) records no truth,
+    the episode goes on as before, and the next episodes do not ask; a Home reset (the
+    device does not know the task) never asks."""
+    from phone_agents import Tapper
+
+    from digirl_lite.rollout import run_episode
+
+    phone._httpd.phone._scripts.pop(IS_SUCCESS)  # this phone has no success check
+    dev = AppiumDevice(config(phone.url))
+    sent = _counting(dev)
+    env = AndroidEnv(config(phone.url), judge=_SaysFailure(), device=dev, reset="task")
+    for k in range(2):
+        t = run_episode(env, Tapper(0), ScreenTable(), traj_id=f"t{k}", task="Go to ebay.com")
+        assert t.ending is Ending.AGENT_STOP and t.true_success is None
+    assert sent.count(IS_SUCCESS) == 1
+    home = AndroidEnv(config(phone.url), judge=_SaysFailure(), device=dev)
+    t = run_episode(home, Tapper(0), ScreenTable(), traj_id="h", task="Go to ebay.com")
+    assert t.true_success is None and sent.count(IS_SUCCESS) == 1
+    env.close()
+
+
+def test_an_evaluation_over_the_wire_reports_the_truth(phone):
+    """A fleet of served phones under the device's own check as the judge: the report
+    carries the environment's truth, which agrees with the verdicts."""
+    from phone_agents import Tapper, TwinExpert
+
+    from digirl_lite.envs.setup import EndpointEnvFactory
+    from digirl_lite.rollout.fleet import LocalFleet, ScriptedBatchAgent
+    from digirl_lite.train.evaluate import evaluate
+
+    devices = [{"server_url": phone.url, "settle_s": 0.0, "blank_wait_s": 0.0,
+                "retry_wait_s": 0.01, "connect_retries": 0, "call_timeout_s": 10.0}]
+    make = EndpointEnvFactory(devices, {"judge": "env"}, horizon=6, reset="task")
+    tasks = ["Go to ebay.com", "Go to costco.com"]
+    agents = {"expert": (TwinExpert, 1.0), "tapper": (Tapper, 0.0)}
+    for name, (agent, rate) in agents.items():
+        report, eps = evaluate(LocalFleet(make, n_envs=1), ScriptedBatchAgent(agent), tasks,
+                               n_tasks=None, id_prefix=name)
+        assert report["truth"] == "environment" and report["true_episodes"] == 2, name
+        assert report["true_success_rate"] == report["success_rate"] == rate, name
+        assert report["judge_agreement"]["accuracy"] == 1.0
+    assert report["failure_kinds"]["never_reached_site"] == 2  # the phone's answer

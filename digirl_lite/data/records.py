@@ -150,6 +150,12 @@ class Trajectory:
         horizon: the step budget H it ran under (the 1/H keep rule of Eq. 4.3 needs it).
         seeds: seeds that reproduce it, e.g. ``{"env": 3, "policy": 7}``.
         truncation_reason: for INFRA endings, what failed and where.
+        true_success: the environment's own check at the episode's last step (the
+            simulator's ``is_success``, a served simulated phone's ``digirl: isSuccess``;
+            ``info["true_success"]``), beside the judge's verdict that made the reward;
+            None where the environment has no check (a real device) or did not get to
+            answer (an infrastructure truncation), and for records written before it
+            existed (issue 32).
     """
 
     traj_id: str
@@ -162,9 +168,12 @@ class Trajectory:
     horizon: int = 20
     seeds: Mapping[str, int] = field(default_factory=dict)
     truncation_reason: str | None = None
+    true_success: bool | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "steps", tuple(self.steps))
+        if self.true_success is not None:
+            object.__setattr__(self, "true_success", bool(self.true_success))
         object.__setattr__(self, "ending", Ending(self.ending))
         object.__setattr__(self, "source", Source(self.source))
         object.__setattr__(self, "seeds", {k: int(v) for k, v in dict(self.seeds).items()})

@@ -94,7 +94,7 @@ def _features(feature_dim: int | None) -> dict[str, Any]:
         "traj_id": v("string"), "task": v("string"), "final_reward": v("float64"),
         "ending": v("string"), "source": v("string"), "iteration": v("int64"),
         "horizon": v("int64"), "seeds_json": v("string"), "truncation_reason": v("string"),
-        "num_steps": v("int64"),
+        "num_steps": v("int64"), "true_success": v("bool"),
     })
     steps = ds.Features({
         "traj_id": v("string"), "step_index": v("int64"), "task": v("string"),
@@ -113,6 +113,15 @@ def _features(feature_dim: int | None) -> dict[str, Any]:
     return {"trajectories": traj, "steps": steps, "screens": ds.Features(screen_cols)}
 
 
+_ADDED_COLUMNS: dict[str, dict[str, Any]] = {
+    "steps": {"policy_version": -1, "action_token_ids": [], "action_log_probs": [],
+              "decided_by": ""},
+    "trajectories": {"true_success": None},  # issue 32: the environment's truth
+}
+"""Columns added after schema version 1 was first written, per table, with the value an
+older store's rows read as (an unknown version, no tokens, no truth)."""
+
+
 # ----------------------------------------------------------------------------------------
 # records <-> rows
 # ----------------------------------------------------------------------------------------
@@ -122,6 +131,7 @@ def _traj_row(t: Trajectory) -> dict[str, Any]:
         "ending": t.ending.value, "source": t.source.value, "iteration": t.iteration,
         "horizon": t.horizon, "seeds_json": json.dumps(dict(t.seeds), sort_keys=True),
         "truncation_reason": t.truncation_reason, "num_steps": len(t.steps),
+        "true_success": t.true_success,
     }
 
 
@@ -133,6 +143,7 @@ def _traj_from_row(r: dict[str, Any], steps: Sequence[Step]) -> Trajectory:
         final_reward=r["final_reward"], ending=r["ending"], source=Source(r["source"]),
         iteration=r["iteration"], horizon=r["horizon"],
         seeds=json.loads(r["seeds_json"] or "{}"), truncation_reason=r["truncation_reason"],
+        true_success=r.get("true_success"),  # absent from older rows: no truth recorded
     )
 
 
@@ -501,12 +512,10 @@ class TrajectoryStore:
                 dset = ds.load_from_disk(str(where))
         except Exception as e:
             raise StoreError(f"cannot read {where}: {type(e).__name__}: {e}") from e
-        added = {"policy_version": -1, "action_token_ids": [], "action_log_probs": [],
-                 "decided_by": ""}
+        added = _ADDED_COLUMNS.get(table, {})
         absent = [k for k in added if k not in dset.features]
-        if (table == "steps" and absent
-                and set(dset.features) | set(absent) == set(expected)):
-            # written before steps recorded these: unknown (-1, no tokens)
+        if absent and set(dset.features) | set(absent) == set(expected):
+            # written before these columns existed: unknown (-1, no tokens, no truth)
             for k in absent:
                 dset = dset.add_column(k, [added[k]] * dset.num_rows)
             dset = dset.cast(expected, keep_in_memory=True)  # reading writes nothing

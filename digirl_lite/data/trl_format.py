@@ -19,11 +19,13 @@ action format (section 2). ``images[k]`` is step k's screen.
 The other columns keep what the round trip needs, under the store's names
 (:mod:`digirl_lite.data.store`): the trajectory table's columns (``traj_id``, ``task``,
 ``final_reward``, ``ending``, ``source``, ``iteration``, ``horizon``, ``seeds_json``,
-``truncation_reason``, ``num_steps``); ``steps``, per step the store's step columns but those
-the conversation holds (``prompt``, ``action_text``) or the row implies (``traj_id``,
-``step_index``); and ``extra_images``, the screens the steps led to that no user turn shows
-(usually one: the screen after the last action), in the order of :func:`_unshown`. TRL's
-trainer drops every column but ``messages`` and ``images`` (``remove_unused_columns``).
+``truncation_reason``, ``num_steps``, ``true_success``: the environment's truth, None where
+it had none; a dataset written before that column reads as None); ``steps``, per step the
+store's step columns but those the conversation holds (``prompt``, ``action_text``) or the
+row implies (``traj_id``, ``step_index``); and ``extra_images``, the screens the steps led to
+that no user turn shows (usually one: the screen after the last action), in the order of
+:func:`_unshown`. TRL's trainer drops every column but ``messages`` and ``images``
+(``remove_unused_columns``).
 
 :func:`from_messages_dataset` gives back equal trajectories (every field of every step and
 trajectory) and a :class:`ScreenTable` with the same pictures (PNG, lossless) under the same
@@ -46,6 +48,7 @@ from typing import TYPE_CHECKING, Any
 from digirl_lite.actions import parse_action
 from digirl_lite.data.records import ScreenTable, Trajectory
 from digirl_lite.data.store import (
+    _ADDED_COLUMNS,
     _datasets,
     _features,
     _quiet_progress,
@@ -192,7 +195,8 @@ def from_messages_dataset(
         raise MessagesFormatError(f"a DatasetDict (splits {sorted(dataset)}): pass one split, "
                                   f"e.g. dataset[{next(iter(dataset), 'train')!r}]")
     features = messages_features()
-    missing = [k for k in features if k not in dataset.column_names]
+    missing = [k for k in features if k not in dataset.column_names
+               and k not in _ADDED_COLUMNS["trajectories"]]  # older exports: None
     if missing:
         raise MessagesFormatError(
             f"the dataset has no column(s) {missing}; from_messages_dataset reads the layout "

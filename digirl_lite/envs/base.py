@@ -11,6 +11,14 @@ STATUS_TASK_COMPLETE / TASK_IMPOSSIBLE). ``truncated``: it was cut, and
 ``info["truncation"]`` says by what: ``"budget"`` (H steps ran out; an agent failure) or
 ``"infrastructure"`` (a crashed device, blank screenshots, a timeout; not the agent's doing),
 with ``info["reason"]`` saying what and where.
+
+Ground truth, where the environment has its own check (issue 32): ``info["true_success"]``
+is its verdict on the task (the simulator's ``is_success``; a served simulated phone's
+``digirl: isSuccess``), independent of the judge whose verdict (``info["verdict"]``) makes
+the reward; None or absent where it has none (a real device). ``info["reached_first_milestone"]``
+says whether the episode has so far reached the task's first milestone (the site, Google,
+the app), None or absent where the environment cannot tell. Recorders read both at the
+episode's last step (``digirl_lite.rollout.episode.EpisodeRecorder``).
 """
 
 from __future__ import annotations

@@ -73,6 +73,10 @@ class EpisodeRecorder:
 
     The environment's faults arrive as truncations and end up as INFRA trajectories; the
     judge's UNJUDGED verdicts are kept on their steps (the trajectory is then not usable).
+    The environment's own truth at the last step (``info["true_success"]``) becomes
+    :attr:`Trajectory.true_success` (None for an infrastructure truncation: the episode did
+    not end on the agent's account), and ``info["reached_first_milestone"]`` at the last
+    step :attr:`reached_first_milestone` (None where the environment cannot tell).
     """
 
     def __init__(self, screens: ScreenTable, traj_id: str, obs: Observation, *,
@@ -90,6 +94,8 @@ class EpisodeRecorder:
         self.sid = record_screen(screens, obs, record_size)
         self.trajectory: Trajectory | None = None
         self.states: list[Any] = [obs.state]  # ground truth where the env has it (sim)
+        self.reached_first_milestone: bool | None = None
+        self._true_success: bool | None = None
 
     def record(self, action_text: str, nobs: Observation, reward: float, terminated: bool,
                truncated: bool, info: dict[str, Any], policy_s: float = 0.0,
@@ -115,6 +121,10 @@ class EpisodeRecorder:
         self.states.append(nobs.state)
         if not (terminated or truncated):
             return False
+        truth = info.get("true_success")
+        self._true_success = None if truth is None else bool(truth)
+        reached = info.get("reached_first_milestone")
+        self.reached_first_milestone = None if reached is None else bool(reached)
         reason = None
         if terminated:
             ending = Ending.SUCCESS if reward > 0 else Ending.AGENT_STOP
@@ -136,6 +146,7 @@ class EpisodeRecorder:
             final_reward=1.0 if ending is Ending.SUCCESS else 0.0, ending=ending,
             source=self.source, iteration=self.iteration, horizon=self.horizon,
             seeds=self.seeds, truncation_reason=reason,
+            true_success=None if ending is Ending.INFRA else self._true_success,
         ).with_mc_returns()
 
 

@@ -62,11 +62,17 @@ class ScriptedBatchAgent:
 
 @dataclass
 class Episode:
-    """A finished episode: the trajectory and the ground-truth states it visited (sim)."""
+    """A finished episode: the trajectory and the ground-truth states it visited (sim).
+
+    ``reached_first_milestone``: the environment's answer (``info`` of the last step)
+    whether the episode ever reached the task's first milestone; None where it cannot tell
+    (the failure kinds then do without it, :func:`digirl_lite.train.evaluate.failure_kind`).
+    """
 
     trajectory: Trajectory
     states: list[Any]
     task: Any
+    reached_first_milestone: bool | None = None
 
 
 @dataclass
@@ -320,7 +326,7 @@ class _Recording:
         if not rec.record(text, nobs, reward, term, trunc, info, policy_s, version):
             return None
         del self.active[slot]
-        return k, Episode(rec.trajectory, rec.states, task)
+        return k, Episode(rec.trajectory, rec.states, task, rec.reached_first_milestone)
 
     def abort(self, slot: int, reason: str) -> tuple[int, Episode]:
         k, task, rec = self.active.pop(slot)

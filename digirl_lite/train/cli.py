@@ -189,7 +189,8 @@ def print_table(results: dict[str, dict[str, Any]], eval_tasks: int) -> None:
     """Held-out success (mean episode length; share of steps whose action string did not
     parse) of each run's stages, one row per run; where some tasks were not judged, the
     judged count beside the rate, and "incomplete" instead of it below the run's
-    ``min_judged_share`` (issue 29)."""
+    ``min_judged_share`` (issue 29); where the environment has its own check, the true
+    rate beside the judged one (issue 32)."""
     print(f"\nheld-out success (mean episode length; invalid steps) on the first {eval_tasks} "
           "test tasks")
     print(f"{'':<12} {'copier':^22}  {'offline':^22}  {'online':^22}")
@@ -207,5 +208,7 @@ def print_table(results: dict[str, dict[str, Any]], eval_tasks: int) -> None:
                          f"{100 * r['success_rate']:5.1f}% ({r['mean_length']:4.1f}; "
                          f"{100 * inv:4.1f}% inv)"
                          + (f" [{r['judged_episodes']}/{r['episodes']} judged]" if judged
-                            else ""))
+                            else "")
+                         + (f" [true {100 * r['true_success_rate']:.1f}%]"  # issue 32
+                            if r.get("truth") == "environment" else ""))
         print(f"{name:<12} " + "  ".join(cells))

@@ -14,7 +14,7 @@ from digirl_lite.judge.calibration import wilson_interval
 from digirl_lite.rollout.fleet import BatchAgent, Episode
 
 __all__ = ["FAILURE_KINDS", "INVALID_SHARE", "MIN_JUDGED_SHARE", "failure_kind",
-           "invalid_steps", "evaluate", "summarize"]
+           "invalid_steps", "evaluate", "summarize", "ground_truth", "stage_rates"]
 
 FAILURE_KINDS = ("never_reached_site", "wrong_page_at_end", "ran_out_of_steps",
                  "infrastructure", "unjudged", "invalid_actions")
@@ -31,16 +31,6 @@ steps, half of a typical successful episode) marks the episodes whose budget wen
 unparseable strings; "any" would mark every failure, half only a third of them."""
 
 
-def _reached(task, state) -> bool:
-    """Did ``state`` get to the task's first milestone (the site, Google, the app)?"""
-    p = state.page
-    if task.kind == "webshop":
-        return p.site == task.site
-    if task.kind == "search":
-        return p.kind in ("google_results", "web_result")
-    return p.app == task.app
-
-
 def failure_kind(episode: Episode) -> str | None:
     """None for a success; else one of :data:`FAILURE_KINDS`.
 
@@ -48,8 +38,9 @@ def failure_kind(episode: Episode) -> str | None:
     answer on some step: not the agent's fault either); then "invalid actions" (the budget
     ended it and at least :data:`INVALID_SHARE` of its steps did not parse: the policy wrote
     noise, whatever page it was on); then "never reached the site" (the first milestone never
-    appeared, read from the simulator's states); then "ran out of steps" (the budget ended
-    it); else the agent stopped on the wrong page.
+    appeared: the environment's answer, :attr:`Episode.reached_first_milestone`; where it
+    cannot tell, as on a real device, the kind falls to the next); then "ran out of steps"
+    (the budget ended it); else the agent stopped on the wrong page.
     """
     t = episode.trajectory
     if t.is_success:
@@ -60,13 +51,8 @@ def failure_kind(episode: Episode) -> str | None:
         return "unjudged"
     if t.ending is Ending.BUDGET and invalid_steps(t) >= INVALID_SHARE * len(t):
         return "invalid_actions"
-    states = [s for s in episode.states if s is not None]
-    if states:
-        from digirl_lite.envs.sim.tasks import parse_task
-
-        task = parse_task(t.task)
-        if not any(_reached(task, s) for s in states):
-            return "never_reached_site"
+    if episode.reached_first_milestone is False:  # None: the environment cannot tell
+        return "never_reached_site"
     if t.ending is Ending.BUDGET:
         return "ran_out_of_steps"
     return "wrong_page_at_end"
@@ -80,6 +66,52 @@ def invalid_steps(trajectory) -> int:
 MIN_JUDGED_SHARE = 0.9
 """An evaluation where fewer than this share of its tasks were judged is incomplete (see
 :func:`summarize`; the config's ``min_judged_share``)."""
+
+
+def ground_truth(trajectories: Sequence[Any]) -> dict[str, Any]:
+    """The environment's truth beside the judge's verdicts (issue 32).
+
+    ``truth``: ``"environment"`` when some episode carries the environment's own check
+    (:attr:`Trajectory.true_success`), else ``"none"`` (a real device: the judge's rate is
+    all there is, and the other keys are NaN or None). ``true_success_rate`` (Wilson
+    ``true_ci95``): true successes over the episodes with a truth, infrastructure
+    truncations left out (they ended on no one's account) and unjudged episodes kept (the
+    truth does not need the judge). ``judge_agreement``: over the episodes with both a
+    verdict (usable: no unjudged step) and a truth, the confusion matrix
+    ``{"judged_success": {"true_success": TP, "true_failure": FP}, "judged_failure":
+    {"true_success": FN, "true_failure": TN}}``, its ``episodes`` and ``accuracy``
+    ((TP + TN) / episodes); None without a truth.
+    """
+    truthful = [t for t in trajectories
+                if not t.is_infra_truncated and t.true_success is not None]
+    k = sum(bool(t.true_success) for t in truthful)
+    n = len(truthful)
+    both = [t for t in truthful if t.is_usable]
+    cells = Counter((t.is_success, bool(t.true_success)) for t in both)
+    agreement = None
+    if both:
+        agreement = {
+            "judged_success": {"true_success": cells[True, True],
+                               "true_failure": cells[True, False]},
+            "judged_failure": {"true_success": cells[False, True],
+                               "true_failure": cells[False, False]},
+            "episodes": len(both),
+            "accuracy": (cells[True, True] + cells[False, False]) / len(both),
+        }
+    return {"truth": "environment" if truthful else "none",
+            "true_success_rate": k / n if n else float("nan"),
+            "true_ci95": list(wilson_interval(k, n)),
+            "true_successes": k, "true_episodes": n,
+            "judge_agreement": agreement}
+
+
+def stage_rates(report: dict[str, Any]) -> str:
+    """The stage line's success: ``success 62.5% (judge) | 60.4% (true)``, or ``success
+    62.5% (judge; no ground truth)`` where the environment has no check."""
+    judged = f"success {100 * report['success_rate']:.1f}% (judge"
+    if report.get("truth") != "environment":
+        return judged + "; no ground truth)"
+    return f"{judged}) | {100 * report['true_success_rate']:.1f}% (true)"
 
 
 def summarize(episodes: Sequence[Episode],
@@ -105,6 +137,7 @@ def summarize(episodes: Sequence[Episode],
     wins = sum(t.is_success for t in judged)
     n = len(judged)
     kinds = Counter(k for k in (failure_kind(e) for e in episodes) if k)
+    n_both = n + unjudged  # the unjudged as failures: every episode not cut by infrastructure
     return {
         "success_rate": wins / n if n else float("nan"),
         "ci95": list(wilson_interval(wins, n)),
@@ -114,6 +147,9 @@ def summarize(episodes: Sequence[Episode],
         "unjudged_step_rate": sum(t.num_unjudged for t in trajs) / steps if steps else 0.0,
         "invalid_step_rate": sum(invalid_steps(t) for t in trajs) / steps if steps else 0.0,
         "successes": wins,
+        "success_rate_unjudged_as_failures": wins / n_both if n_both else float("nan"),
+        "ci95_unjudged_as_failures": list(wilson_interval(wins, n_both)),
+        **ground_truth(trajs),
         "mean_length": float(np.mean([len(t) for t in judged])) if judged else float("nan"),
         "mean_length_success": float(np.mean([len(t) for t in judged if t.is_success]))
         if wins else float("nan"),

@@ -52,7 +52,7 @@ from digirl_lite.redaction import redact
 from digirl_lite.rollout.episode import SampledAction
 from digirl_lite.rollout.fleet import JudgeUnavailable, NoDevicesLeft
 from digirl_lite.train.config import DigiRLConfig, effective_fields
-from digirl_lite.train.evaluate import evaluate
+from digirl_lite.train.evaluate import evaluate, stage_rates
 
 __all__ = ["PolicyBatchAgent", "Trainer", "RunStopped", "mle_update", "steps_to_batch",
            "text_mle_update", "ITERATION_PHASES", "RUN_PHASES", "USER_CACHE"]
@@ -917,7 +917,14 @@ class Trainer:
                  invalid_step_rate=round(report["invalid_step_rate"], 4),
                  unjudged=report["unjudged"], failure_kinds=report["failure_kinds"],
                  judged=f"{report['judged_episodes']}/{report['episodes']}",
-                 complete=report["complete"], not_evaluated=report["not_evaluated"])
+                 complete=report["complete"], not_evaluated=report["not_evaluated"],
+                 success_rate_unjudged_as_failures=round(
+                     report["success_rate_unjudged_as_failures"], 4),
+                 truth=report["truth"], true_success_rate=round(report["true_success_rate"], 4),
+                 judge_accuracy=(report["judge_agreement"] or {}).get("accuracy"))
+        # judged and true side by side (issue 32): a noisy judge shows as the gap
+        self.say(f"eval:{stage}: {stage_rates(report)}, {report['judged_episodes']}/"
+                 f"{report['episodes']} judged")
         if not report["complete"]:
             self.say(f"evaluation {stage} is incomplete: {report['judged_episodes']} of "
                      f"{report['episodes']} tasks judged (min_judged_share "

@@ -78,13 +78,21 @@ class AndroidEnv:
         hard_reset: what a hard reset is: a callable ``() -> None`` (an emulator's snapshot
             load) or commands (e.g. ``mobile: shell`` ``pm clear``); required when
             ``hard_reset_every`` > 0.
+        ground_truth: at each episode's last step, ask the device's own success check
+            (``digirl: isSuccess``) for the truth beside the judge's verdict,
+            ``info["true_success"]`` and ``info["reached_first_milestone"]`` (issue 32).
+            Only a device told the episode's task can answer (``reset="task"`` or the
+            :class:`~digirl_lite.envs.sim.oracle.EnvJudge`: a served simulated phone); with
+            the EnvJudge the last step's verdict is that check, asked once. A device that
+            refuses the command (a real phone) is not asked again and its episodes carry no
+            truth (None): never an error. False: never ask.
     """
 
     def __init__(self, config: AndroidConfig, judge: Any = None, horizon: int = 20,
                  reset: Any = "home", device: AppiumDevice | None = None,
                  sleep: Any = time.sleep, setup: Sequence[Any] = (),
                  teardown: Sequence[Any] = (), hard_reset_every: int = 0,
-                 hard_reset: Any = None) -> None:
+                 hard_reset: Any = None, ground_truth: bool = True) -> None:
         if horizon <= 0:
             raise ValueError(f"horizon must be positive, got {horizon}")
         if reset not in ("home", "task") and not callable(reset):
@@ -114,6 +122,9 @@ class AndroidEnv:
         self._done = True
         self._obs: Observation | None = None
         self._last_action_text: str | None = None
+        self.ground_truth = bool(ground_truth)
+        self._no_check = False  # the device refused digirl: isSuccess (a real phone)
+        self._last_check: dict[str, Any] | None = None  # the EnvJudge's answer this step
 
     def _device(self) -> AppiumDevice:
         if self.device is None:
@@ -269,19 +280,44 @@ class AndroidEnv:
                         reason=f"step budget H = {self.horizon} ran out")
         self._done = terminated or truncated
         if self._done:
+            self._read_truth(info, result)  # before the teardown changes the device
             self._teardown(info)
         info.update(success=result.verdict is Verdict.SUCCESS, verdict=result.verdict,
                     judge_reply=result.reply, judge_skipped=result.skipped,
                     timings={"env_s": t_env, "judge_s": result.latency_s})
         return self._obs, result.reward, terminated, truncated, info
 
+    def _read_truth(self, info: dict[str, Any], result: JudgeResult) -> None:
+        """``info["true_success"]`` and ``info["reached_first_milestone"]`` from the device's
+        own check (see ``ground_truth``); left out where there is none."""
+        if not self.ground_truth or self.last_reset != "task" or self._no_check:
+            return
+        answer = self._last_check if result.verdict is not Verdict.UNJUDGED else None
+        if answer is None:
+            try:
+                answer = self._device().execute("digirl: isSuccess")
+            except DeviceRefused:
+                self._no_check = True  # a device without the check: not asked again
+                return
+            except DeviceUnavailable:
+                return  # the episode is over; its truth stays unknown
+        if not isinstance(answer, dict):
+            return
+        for key, name in (("success", "true_success"),
+                          ("reached_first_milestone", "reached_first_milestone")):
+            v = answer.get(key)
+            info[name] = v if isinstance(v, bool) else None
+
     def _judge(self, prev: Observation | None, cur: Observation) -> JudgeResult:
         t = time.perf_counter()
+        self._last_check = None
         if self.judge is None:
             return JudgeResult(Verdict.UNJUDGED, skipped="no judge configured")
         if isinstance(self.judge, EnvJudge):
             try:
-                ok = bool(self._device().execute("digirl: isSuccess")["success"])
+                answer = self._device().execute("digirl: isSuccess")
+                ok = bool(answer["success"])
+                self._last_check = answer
             except (DeviceRefused, KeyError, TypeError) as e:
                 return JudgeResult(Verdict.UNJUDGED, latency_s=time.perf_counter() - t,
                                    skipped=f"the device's success check failed: {e}"[:500])

@@ -30,6 +30,7 @@ from digirl_lite.envs.sim.world import (
     is_success,
     minimal_reset,
     phase_reached,
+    reached_first_milestone,
     surprises_between,
     transition,
     ui_nodes,
@@ -220,6 +221,7 @@ class SimPhoneEnv:
         self._last_action_text: str | None = None
         self.judge.reset()
         obs, _ = self._observe()
+        self._reached = reached_first_milestone(self.state, self.task)
         info = {"task": self.task.text, "success": is_success(self.state, self.task),
                 "horizon": self.horizon, "reset": self.last_reset,
                 SETUP: "done" if self.task.setup is not None else None}
@@ -334,6 +336,7 @@ class SimPhoneEnv:
         if surprises is None:
             self._done = self._hard_next = True  # teardown skipped: the device is gone
             info.update(truncation=TRUNCATION_INFRA, verdict=None, success=False,
+                        true_success=None,
                         reason=f"simulated device crash at step {self._steps}: the device "
                                f"stopped answering")
             return self._obs, 0.0, False, True, info
@@ -349,12 +352,14 @@ class SimPhoneEnv:
         if obs.screen_id == BLANK_CAPTURE:
             self._done = self._hard_next = True
             info.update(truncation=TRUNCATION_INFRA, verdict=None, success=False,
+                        true_success=None,
                         reason=f"blank screenshot at step {self._steps} after "
                                f"{self.faults.blank_retries} retries")
             return obs, 0.0, False, True, info
         t_env = time.perf_counter() - t0
         result = self._judge(prev_obs, obs)
         success = is_success(self.state, self.task)
+        self._reached = self._reached or reached_first_milestone(self.state, self.task)
         reward = result.reward
         terminated = result.verdict is Verdict.SUCCESS or action.ends_episode
         truncated = not terminated and self._steps >= self.horizon
@@ -364,7 +369,9 @@ class SimPhoneEnv:
         self._done = terminated or truncated
         if self._done:
             self._teardown(info)
-        info.update(success=success, verdict=result.verdict, judge_reply=result.reply,
+        info.update(success=success, true_success=success,
+                    reached_first_milestone=self._reached,
+                    verdict=result.verdict, judge_reply=result.reply,
                     judge_skipped=result.skipped,
                     timings={"env_s": t_env, "judge_s": result.latency_s})
         obs = self._with_tree(obs, info)

@@ -36,8 +36,10 @@ thing; the environment's own judge and task set-up use it):
   "task": str}``: reseed (when ``seed`` is given), set the task (null: drawn from the
   ``world``'s list, as ``SimPhoneEnv.reset(None, seed)``) and put the phone on the
   launcher of its day. An instruction the simulator does not model: ``invalid argument``.
-* ``"digirl: isSuccess"`` ``{}`` -> ``{"success": bool}`` (``world.is_success`` on the
-  current state; ``invalid argument`` before any task was set).
+* ``"digirl: isSuccess"`` ``{}`` -> ``{"success": bool, "reached_first_milestone": bool}``
+  (``world.is_success`` on the current state; whether any state since the task was set
+  reached its first milestone, ``world.reached_first_milestone``, which the evaluation's
+  failure kinds read; ``invalid argument`` before any task was set).
 * ``"digirl: info"`` ``{}`` -> ``{"world": str, "day": int, "seed": int | null,
   "task": str | null}``; ``seed`` is the one the generator was last seeded with.
 
@@ -116,6 +118,7 @@ from digirl_lite.envs.sim.world import (
     Surprises,
     initial_state,
     is_success,
+    reached_first_milestone,
     ui_nodes,
 )
 
@@ -311,6 +314,7 @@ class _Phone:
         self._shown_loading = False  # the last screenshot showed a page still loading
         self._last_png: str | None = None  # the last screenshot sent since the task was set
         self._screenshots = 0  # screenshots sent since the task was set
+        self._reached = False  # the task's first milestone reached since it was set
         self._scripts: dict[str, Callable[[dict], Any]] = {
             SET_TASK: self._set_task, IS_SUCCESS: self._is_success, INFO: self._info,
             PRESS_KEY: lambda args: self._do(_key_gesture(args)),
@@ -350,6 +354,8 @@ class _Phone:
             self.env.state = initial_state(self.env.day)  # it comes back on the launcher
             raise W3CError("unknown error", f"simulated device crash: the phone stopped "
                                             f"answering for {self.crash_down_s:g} s")
+        if self.env.task is not None and not self._reached:
+            self._reached = reached_first_milestone(self.env.state, self.env.task)
 
     # -- session -------------------------------------------------------------------------
     def status(self, body: dict) -> dict:
@@ -458,12 +464,14 @@ class _Phone:
         if seed is not None:
             self.seed = seed
         self._last_png, self._screenshots = None, 0
+        self._reached = reached_first_milestone(self.env.state, task)
         return {"horizon": self.env.horizon, "task": task.text}
 
     def _is_success(self, args: dict) -> dict:
         if self.env.task is None:
             raise W3CError("invalid argument", f"no task set: call {SET_TASK!r} first")
-        return {"success": bool(is_success(self.env.state, self.env.task))}
+        return {"success": bool(is_success(self.env.state, self.env.task)),
+                "reached_first_milestone": self._reached}
 
     # -- watching (no session: an observer never takes the client's) -----------------------
     def watch(self, body: dict) -> dict:

@@ -32,7 +32,7 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = [
     "WIDTH", "HEIGHT", "Surprises", "Page", "PhoneState", "Element",
     "initial_state", "minimal_reset", "apply_phase", "phase_reached", "layout", "hit_test",
-    "transition", "is_success", "results_for",
+    "transition", "is_success", "reached_first_milestone", "results_for",
     "surprises_between", "find", "is_tappable", "ui_nodes",
     "N_RESULTS",
 ]
@@ -696,6 +696,20 @@ def surprises_between(before: PhoneState, after: PhoneState) -> list[str]:
 # ---------------------------------------------------------------------------------------
 # Ground truth
 # ---------------------------------------------------------------------------------------
+def reached_first_milestone(state: PhoneState, task: Task) -> bool:
+    """Is ``state`` at the task's first milestone: the shop's site (Web Shopping), Google's
+    results or a result opened from them (search), the app (open app)? An episode that
+    never got there failed as "never_reached_site" (``digirl_lite.train.evaluate``); the
+    environment answers it (``info["reached_first_milestone"]``), so the evaluation holds
+    no simulator code (issue 32)."""
+    p = state.page
+    if task.kind == "webshop":
+        return p.site == task.site
+    if task.kind == "search":
+        return p.kind in ("google_results", "web_result")
+    return p.app == task.app
+
+
 def is_success(state: PhoneState, task: Task) -> bool:
     """The task's success predicate on the simulator's state, as seen on screen.
 
