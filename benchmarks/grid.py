@@ -649,7 +649,7 @@ def _curve(out: Path, stages: dict[str, Any]) -> list[dict[str, Any]]:
         except json.JSONDecodeError:  # a line torn by a kill
             continue
         st = str(r.get("stage", ""))
-        if st.startswith("eval:"):
+        if st.startswith("eval:") and ":" not in st[5:]:  # a held-out split's: no point
             last.pop(st[5:], None)
             last[st[5:]] = r
     pts = []
@@ -698,22 +698,28 @@ def _redacted(config: dict[str, Any]) -> dict[str, Any]:
     return redact(config)
 
 
+def _stage_row(rep: dict[str, Any]) -> dict[str, Any]:
+    """A stage's row of a result file, from its report in summary.json; its held-out splits'
+    rows under ``splits`` (issue 32 item 5)."""
+    row = {"success_rate": rep["success_rate"],
+           "n": rep.get("judged_episodes", rep.get("episodes")),
+           "successes": rep.get("successes"), "ci95": list(rep["ci95"]),
+           "mean_length": rep.get("mean_length"),
+           "mean_length_success": rep.get("mean_length_success"),
+           "failure_kinds": rep.get("failure_kinds", {})}
+    row.update({k: rep[k] for k in OPTIONAL_STAGE_KEYS if k in rep})
+    if rep.get("splits"):
+        row["splits"] = {name: _stage_row(r) for name, r in rep["splits"].items()}
+    return row
+
+
 def result_record(job: Job, attempts: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """The small result file of a finished run, from its summary.json and metrics.jsonl,
     and its provenance from the processes that ran it (``attempts``, default
     :func:`read_attempts`; the fields :func:`provenance` gives). ``command`` runs it from
     scratch."""
     summary = json.loads((job.out / "summary.json").read_text())
-    stages = {}
-    for st, rep in summary.get("stages", {}).items():
-        row = {"success_rate": rep["success_rate"],
-               "n": rep.get("judged_episodes", rep.get("episodes")),
-               "successes": rep.get("successes"), "ci95": list(rep["ci95"]),
-               "mean_length": rep.get("mean_length"),
-               "mean_length_success": rep.get("mean_length_success"),
-               "failure_kinds": rep.get("failure_kinds", {})}
-        row.update({k: rep[k] for k in OPTIONAL_STAGE_KEYS if k in rep})
-        stages[st] = row
+    stages = {st: _stage_row(rep) for st, rep in summary.get("stages", {}).items()}
     return {
         "grid": job.arm.grid, "arm": job.arm.name, "seed": job.seed,
         "stages": stages,
@@ -1021,6 +1027,36 @@ def _true_stats(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
             "judge_accuracy": right / judged if judged else float("nan")}
 
 
+def split_stats(records: list[dict[str, Any]], stage: str) -> dict[str, Any] | None:
+    """One arm's stage on its held-out splits (issue 32 item 5), over the seeds whose stage
+    has them: the test list's and each split's mean rate with a 95% t-interval, and each
+    split's gap to the test list (split - test, seed by seed, mean with a 95% t-interval).
+    ``rate``: "true" (the environment's check) where every one of these rows has a truth,
+    else "judged"; None where no seed has splits."""
+    from digirl_lite.viz.curves import mean_ci95
+
+    rows = [(r["seed"], r["stages"][stage]) for r in records
+            if r["stages"].get(stage, {}).get("splits")]
+    if not rows:
+        return None
+    true = all(x.get("truth") == "environment"
+               for _, st in rows for x in (st, *st["splits"].values()))
+    key = "true_success_rate" if true else "success_rate"
+
+    def over_seeds(per_seed: dict[int, float]) -> dict[str, Any]:
+        m, lo, hi = mean_ci95(list(per_seed.values()))
+        return {"seeds": sorted(per_seed), "per_seed": list(per_seed.values()), "mean": m,
+                "ci95_seeds": [max(0.0, lo), min(1.0, hi)] if lo == lo else [lo, hi]}
+
+    test = {s: st[key] for s, st in rows}
+    out = {"rate": "true" if true else "judged", "test": over_seeds(test), "splits": {}}
+    for name in dict.fromkeys(n for _, st in rows for n in st["splits"]):
+        per = {s: st["splits"][name][key] for s, st in rows if name in st["splits"]}
+        gm, glo, ghi = mean_ci95([per[s] - test[s] for s in per])
+        out["splits"][name] = {**over_seeds(per), "gap": {"mean": gm, "ci95": [glo, ghi]}}
+    return out
+
+
 def paired_difference(a: list[dict[str, Any]], b: list[dict[str, Any]], stage: str
                       ) -> dict[str, Any] | None:
     """Arm ``a`` minus arm ``b`` at ``stage``, seed by seed (seeds both have): the mean
@@ -1067,10 +1103,13 @@ def make_table(spec: GridSpec, results: dict[str, list[dict[str, Any]]]) -> dict
             if name != ref:
                 diffs[name] = {st: paired_difference(recs, results[ref], st)
                                for st in spec.stages}
+    general = {name: {st: g for st in spec.stages if (g := split_stats(recs, st))}
+               for name, recs in results.items()}
     return {"grid": spec.name, "description": spec.description,
             "command": f"python benchmarks/grid.py {spec.name}",
             "stages": list(spec.stages), "reference": ref, "arms": arms,
             "differences_from_reference": diffs,
+            "generalization": {name: g for name, g in general.items() if g},
             "mixed_commits": mixed_commits(results, ref)}
 
 
@@ -1179,6 +1218,7 @@ def table_markdown(t: dict[str, Any]) -> str:
                     "the difference measures the code's drift as well as the arm; "
                     f"`python benchmarks/grid.py {t['grid']} --rerun-stale <commit>` reruns "
                     "them on one):", "", *lines]
+    out += generalization_markdown(t.get("generalization") or {})
     notes = [f"- `{n}`: configs differ across seeds in "
              + ", ".join(a["config_differs_across_seeds"])
              for n, a in t["arms"].items() if a["config_differs_across_seeds"]]
@@ -1193,6 +1233,40 @@ def table_markdown(t: dict[str, Any]) -> str:
     out += ["", f"Code: commit(s) {', '.join(commits)}; the exact command, config and "
             "attempts (commit, threads, wall time) of each run are in its result file.", ""]
     return "\n".join(out)
+
+
+def generalization_markdown(g: dict[str, Any]) -> list[str]:
+    """table.md's "Generalization splits" section (issue 32 item 5): per arm and stage with
+    held-out splits, the test list's and each split's rate over seeds and the split's gap
+    to the test list (:func:`split_stats`); no lines where no run has splits."""
+    if not g:
+        return []
+    names = list(dict.fromkeys(n for a in g.values() for s in a.values() for n in s["splits"]))
+    kinds = {s["rate"] for a in g.values() for s in a.values()}
+    mixed = len(kinds) > 1
+    which = ("the true success rate where every seed has the environment's check (rows "
+             "marked true), else the judged one (rows marked judged)" if mixed else
+             {"true": "the environment's true success rate (its own check, not the judge)",
+              "judged": "the judged success rate (no ground truth)"}[kinds.pop()])
+    out = ["", "## Generalization splits", "",
+           f"Held-out splits beside the test list, in %: {which}; mean over seeds with a 95% "
+           "t-interval. *Gap*: split - test, seed by seed (points; mean with a 95% "
+           "t-interval).", "",
+           "| arm | stage | seeds | test | " + " | ".join(f"{n} | gap" for n in names) + " |",
+           "|---|---|---|---|" + "---|---|" * len(names)]
+    for arm, stages in g.items():
+        for st, s in stages.items():
+            cells = []
+            for n in names:
+                x = s["splits"].get(n)
+                cells += (["-", "-"] if x is None else
+                          [f"{_pct(x['mean'])}{_ci(*x['ci95_seeds'])}",
+                           f"{100 * x['gap']['mean']:+.1f}{_ci(*x['gap']['ci95'])}"])
+            mark = f" ({s['rate']})" if mixed else ""
+            out.append(f"| {arm} | {st}{mark} | {len(s['test']['seeds'])} | "
+                       f"{_pct(s['test']['mean'])}{_ci(*s['test']['ci95_seeds'])} | "
+                       + " | ".join(cells) + " |")
+    return out
 
 
 def plot_curves(spec: GridSpec, results: dict[str, list[dict[str, Any]]], path: Path

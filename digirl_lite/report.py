@@ -95,6 +95,14 @@ def _summary_table(rows: list[dict[str, Any]]) -> str:
     return f'<table class="dl-sum">{head}{"".join(body)}</table>'
 
 
+def _with_splits(row: dict[str, Any]) -> list[dict[str, Any]]:
+    """A stage's summary row, then a row of each of its held-out splits (issue 32 item 5),
+    ``<stage>: <split>``, with the same columns (the truth beside the judge's rate)."""
+    return [row, *({**rep, "stage": f"{row['stage']}: {name}",
+                    "online_trajectories": row.get("online_trajectories")}
+                   for name, rep in (row.get("splits") or {}).items())]
+
+
 def _truth_cells(r: dict[str, Any]) -> str:
     """The true success rate (true successes / episodes with a truth) and the judge's
     accuracy against it; dashes for a stage without a truth."""
@@ -167,7 +175,7 @@ def build_report(run_dir: str | os.PathLike[str], out: str | os.PathLike[str] | 
                  f'<code>{e(str(run.path.resolve()))}</code></p>')
     parts.append('<div id="dl-broken"></div>')
 
-    stage_rows = run.stage_table()
+    stage_rows = [row for r in run.stage_table() for row in _with_splits(r)]
     parts.append("<h2>Summary</h2>")
     parts.append(_summary_table(stage_rows) if stage_rows
                  else "<p>No evaluation recorded yet.</p>")

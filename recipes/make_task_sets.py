@@ -16,7 +16,8 @@ import argparse
 import random
 from pathlib import Path
 
-from digirl_lite.envs.sim.catalog import APPS, SITES
+from digirl_lite.envs.sim.catalog import APPS, HELD_OUT_SITES, SITES, TRAIN_SITES
+from digirl_lite.envs.sim.phrasings import HELD_OUT_PHRASINGS, rephrase
 from digirl_lite.envs.sim.tasks import parse_task
 from digirl_lite.paths import data_dir
 
@@ -153,6 +154,36 @@ PRODUCTS: dict[str, dict[str, list[str]]] = {
     },
 }
 
+# The held-out split webshop_unseen_products (issue 32, item 5): kinds and brands no train or
+# test product has, a quarter of them on shops no train or test task names (HELD_OUT_SITES).
+UNSEEN_PRODUCTS: dict[str, dict[str, list[str]]] = {
+    "air fryer": {"cosori": ["pro le 5", "turboblaze"], "ninja": ["af101", "foodi dualzone"],
+                  "instant": ["vortex plus", "vortex mini"]},
+    "blender": {"vitamix": ["e310", "a3500"], "nutribullet": ["pro 900", "blender combo"],
+                "oster": ["pro 1200"]},
+    "electric toothbrush": {"oral-b": ["io series 9", "pro 1000"],
+                            "philips sonicare": ["4100", "diamondclean 9000"]},
+    "guitar": {"fender": ["player stratocaster", "cd-60s"], "yamaha": ["fg800", "pacifica 112v"],
+               "gibson": ["les paul standard"]},
+    "stroller": {"uppababy": ["vista v2", "minu v2"], "graco": ["modes pramette"],
+                 "bugaboo": ["fox 5"]},
+    "mattress": {"casper": ["original", "wave hybrid"], "purple": ["restore plus"],
+                 "tempur-pedic": ["tempur-adapt"]},
+    "treadmill": {"nordictrack": ["commercial 1750", "t series 6.5s"], "sole": ["f80"],
+                  "horizon": ["7.0 at"]},
+    "sewing machine": {"singer": ["heavy duty 4423", "start 1304"], "janome": ["hd3000"],
+                       "juki": ["hzl-f600"]},
+    "electric bike": {"rad power": ["radrunner 3 plus"], "aventon": ["level.2", "pace 500.3"],
+                      "lectric": ["xp 3.0"]},
+    "projector": {"viewsonic": ["px701-4k"], "xgimi": ["horizon ultra", "mogo 2 pro"],
+                  "optoma": ["uhd38x"]},
+    "smart lock": {"august": ["wi-fi smart lock"], "schlage": ["encode plus"],
+                   "yale": ["assure lock 2"]},
+    "grill": {"weber": ["spirit ii e-310", "genesis e-325s"], "traeger": ["pro 575"],
+              "char-broil": ["performance 4-burner"]},
+}
+UNSEEN_PRODUCT_COUNT = 48
+
 # General: search templates, one topic slot each; a slot's pool is split between train and test.
 TOPICS: dict[str, list[str]] = {
     "city": [
@@ -268,7 +299,7 @@ def webshop_products(seed: int) -> tuple[list[str], list[str]]:
 
 def webshop_lines(products: list[str], rng: random.Random) -> list[str]:
     """Three lines per product on one random site, levels 1, 2, 3 together (as in AitW)."""
-    domains = [s.domain for s in SITES.values()]
+    domains = [SITES[k].domain for k in TRAIN_SITES]
     lines = []
     for product in products:
         domain = rng.choice(domains)
@@ -333,6 +364,38 @@ def _open_lines(n: int, rng: random.Random) -> list[str]:
     return lines
 
 
+def unseen_products_lines(seed: int) -> list[str]:
+    """The held-out split ``webshop_unseen_products``: :data:`UNSEEN_PRODUCTS` in the test
+    list's shape (three levels per product on one shop), every fourth product on a held-out
+    shop (:data:`~digirl_lite.envs.sim.catalog.HELD_OUT_SITES`)."""
+    rng = random.Random(seed + 32)
+    pairs = sorted({(kind, brand, model) for kind, brands in UNSEEN_PRODUCTS.items()
+                    for brand, models in brands.items() for model in models})
+    if len(pairs) < UNSEEN_PRODUCT_COUNT:
+        raise ValueError(f"UNSEEN_PRODUCTS has {len(pairs)} products, need "
+                         f"{UNSEEN_PRODUCT_COUNT}")
+    rng.shuffle(pairs)
+    train_domains = [SITES[k].domain for k in TRAIN_SITES]
+    held_domains = [SITES[k].domain for k in HELD_OUT_SITES]
+    lines = []
+    for i, (kind, brand, model) in enumerate(pairs[:UNSEEN_PRODUCT_COUNT]):
+        product = f"{brand} {model} {kind}" if rng.random() < KIND_WORD_P else f"{brand} {model}"
+        domain = rng.choice(held_domains if i % 4 == 3 else train_domains)
+        q = '"' if rng.random() < DOUBLE_QUOTE_P else "'"
+        lines += [f"Go to {domain}",
+                  f"Go to {domain}, search for {q}{product}{q}",
+                  f"Go to {domain}, search for {q}{product}{q}, and select the first entry"]
+    return lines
+
+
+def unseen_phrasings_lines(test_lines: list[str], seed: int) -> list[str]:
+    """The held-out split ``webshop_unseen_phrasings``: line i is line i of the test list
+    (same shop, product and level) written with :data:`HELD_OUT_PHRASINGS`, so its gap to
+    the test list, task by task, is the phrasing's alone."""
+    rng = random.Random(seed + 33)
+    return [rephrase(line, HELD_OUT_PHRASINGS, rng) for line in test_lines]
+
+
 def build_task_sets(seed: int = 0) -> dict[str, list[str]]:
     """File name -> lines, deterministic from ``seed``; every line is checked to parse."""
     rng = random.Random(seed)
@@ -342,6 +405,8 @@ def build_task_sets(seed: int = 0) -> dict[str, list[str]]:
         "webshop_train.txt": webshop_lines(train_products, rng),
         "webshop_test.txt": webshop_lines(test_products, rng),
     }
+    sets["webshop_unseen_products.txt"] = unseen_products_lines(seed)
+    sets["webshop_unseen_phrasings.txt"] = unseen_phrasings_lines(sets["webshop_test.txt"], seed)
     for name, topics, (n_search, n_open) in (
         ("general_train.txt", train_topics, GENERAL_TRAIN),
         ("general_test.txt", test_topics, GENERAL_TEST),

@@ -620,7 +620,7 @@ def test_the_table_shows_the_true_rate_beside_the_judged_one(tmp_path):
 
 def test_a_result_record_keeps_the_truth(tmp_path):
     """The truth keys of a run's summary travel into its result file."""
-    job = grid.jobs_of(grid.load_spec(_spec_file(tmp_path)))[0]
+    job = grid.jobs_of(grid.load_spec(_spec_file(tmp_path)), runs_dir=tmp_path / "runs")[0]
     job.out.mkdir(parents=True)
     rep = {**_stage(5, 10, 10.0), "ci95": [0.2, 0.8], "judged_episodes": 10,
            "success_rate_unjudged_as_failures": 5 / 11, **_truth(4, 11, 4, 1, 0, 5)}

@@ -23,7 +23,8 @@ from typing import Any
 from digirl_lite.errors import ConfigError
 
 __all__ = ["AndroidPlan", "Phones", "android_plan", "make_phones", "task_list",
-           "EndpointEnvFactory", "WORLD_HORIZON"]
+           "split_path", "split_name", "split_task_list", "EndpointEnvFactory",
+           "WORLD_HORIZON"]
 
 log = logging.getLogger("digirl_lite.envs")
 
@@ -140,9 +141,41 @@ def task_list(cfg: Any, split: str) -> list[Any]:
 
     path = cfg.task_file if split == "train" else cfg.test_task_file
     path = Path(path).expanduser() if path else data_dir() / "tasks" / f"{cfg.world}_{split}.txt"
+    tasks = _read_tasks(cfg, path, "task_file" if split == "train" else "test_task_file")
+    if split == "train" and getattr(cfg, "phrasing_share", 0.0):
+        from digirl_lite.envs.sim.phrasings import rephrase_tasks
+
+        tasks = rephrase_tasks(tasks, cfg.phrasing_share, cfg.seed)
+    return tasks
+
+
+def split_path(cfg: Any, name: str) -> Path:
+    """The task file of the held-out split ``name`` of ``eval_splits``: a path (a name with
+    "/" or ending ".txt"), else the shipped ``tasks/<world>_<name>.txt``."""
+    from digirl_lite.paths import data_dir
+
+    if "/" in name or name.endswith(".txt"):
+        return Path(name).expanduser()
+    return data_dir() / "tasks" / f"{cfg.world}_{name}.txt"
+
+
+def split_name(cfg: Any, name: str) -> str:
+    """What reports call the split ``name``: its file's name less ``.txt`` and the
+    ``<world>_`` prefix (``unseen_products`` for ``webshop_unseen_products.txt``)."""
+    return split_path(cfg, name).stem.removeprefix(f"{cfg.world}_")
+
+
+def split_task_list(cfg: Any, name: str) -> list[Any]:
+    """The tasks of the held-out split ``name`` of ``eval_splits`` (issue 32 item 5), parsed
+    as :func:`task_list` parses the test list."""
+    return _read_tasks(cfg, split_path(cfg, name), "eval_splits")
+
+
+def _read_tasks(cfg: Any, path: Path, field: str) -> list[Any]:
+    """The tasks of ``path`` for ``cfg.env``; a missing file or an empty list is a
+    ConfigError naming ``field``."""
     if not path.is_file():
-        raise ConfigError(f"{'task_file' if split == 'train' else 'test_task_file'}: no "
-                          f"file {path}")
+        raise ConfigError(f"{field}: no file {path}")
     if cfg.env == "sim":
         from digirl_lite.envs.sim.tasks import load_tasks
 
@@ -152,7 +185,7 @@ def task_list(cfg: Any, split: str) -> list[Any]:
 
         tasks = load_task_file(path)
     if not tasks:
-        raise ConfigError(f"{path}: the task list is empty")
+        raise ConfigError(f"{field}: {path}: the task list is empty")
     return tasks
 
 
@@ -185,7 +218,8 @@ class Phones:
     """What a run collects on: ``make_env`` (slot -> env, picklable), ``n`` phones, the
     train and test task lists, and ``close`` for whatever this run started. ``down``: the
     slots of endpoints that could not be reached at the start (the fleet starts with them
-    quarantined, and takes each in when a probe reaches it)."""
+    quarantined, and takes each in when a probe reaches it). ``splits``: the tasks of each
+    held-out split of ``eval_splits``, by its :func:`split_name`."""
 
     make_env: Any
     n: int
@@ -194,6 +228,7 @@ class Phones:
     kind: str
     manager: Any = None
     down: tuple[int, ...] = ()
+    splits: dict[str, list[Any]] = field(default_factory=dict)
 
     def close(self) -> None:
         if self.manager is not None:
@@ -254,6 +289,7 @@ def make_phones(cfg: Any, seed: int, probe: bool = True) -> Phones:
     the simulated phone's factory, or Android devices; endpoints are probed (``probe``) and
     emulators started here, before any collection."""
     train, test = task_list(cfg, "train"), task_list(cfg, "test")
+    splits = {split_name(cfg, s): split_task_list(cfg, s) for s in cfg.eval_splits}
     horizon = cfg.horizon or WORLD_HORIZON[cfg.world]
     if cfg.env == "sim":
         from digirl_lite.envs.sim import SimEnvFactory, Surprises
@@ -268,7 +304,7 @@ def make_phones(cfg: Any, seed: int, probe: bool = True) -> Phones:
         if cfg.ui_tree:
             kw["ui_tree"] = True
         make = SimEnvFactory(judge=cfg.judge, seed=seed, tasks=cfg.task_file or cfg.world, **kw)
-        return Phones(make, cfg.n_envs, train, test, "sim")
+        return Phones(make, cfg.n_envs, train, test, "sim", splits=splits)
     plan = android_plan(cfg.android)
     if cfg.ui_tree:  # every device reads its page source
         plan = dataclasses.replace(plan, devices=[{**d, "ui_tree": True} for d in plan.devices],
@@ -281,7 +317,7 @@ def make_phones(cfg: Any, seed: int, probe: bool = True) -> Phones:
         if every:
             lifecycle.update(hard_reset_every=every, hard_reset=plan.hard_reset)
         make = EndpointEnvFactory(plan.devices, cfg.judge, horizon, plan.reset, **lifecycle)
-        return Phones(make, plan.n, train, test, "android", down=down)
+        return Phones(make, plan.n, train, test, "android", down=down, splits=splits)
     from digirl_lite.envs.android.emulator import EmulatorConfig, EmulatorManager, SdkToolMissing
 
     if plan.reset == "snapshot" and cfg.fleet in ("process", "ray"):
@@ -301,4 +337,4 @@ def make_phones(cfg: Any, seed: int, probe: bool = True) -> Phones:
         make = manager.env_factory(cfg.judge, horizon, minimal_reset=plan.reset == "home",
                                    hard_reset_every=every, setup=plan.setup,
                                    teardown=plan.teardown, **plan.options)
-    return Phones(make, plan.n, train, test, "android", manager)
+    return Phones(make, plan.n, train, test, "android", manager, splits=splits)

@@ -309,7 +309,7 @@ def evolution_tasks(world: str = "webshop", n: int = 24, seed: int = 0,
     descriptions, in the three Web Shopping shapes (go to a site; search it; select the
     first entry) or General's (open an app; search Google). Instructions in ``exclude``
     (pass the test lists) and any query a test instruction holds are never produced."""
-    from digirl_lite.envs.sim.catalog import APPS, SITES
+    from digirl_lite.envs.sim.catalog import APPS, SITES, TRAIN_SITES
     from digirl_lite.envs.sim.tasks import parse_task
 
     rng = np.random.default_rng(seed)
@@ -328,7 +328,7 @@ def evolution_tasks(world: str = "webshop", n: int = 24, seed: int = 0,
     while len(out) < n and tries < 100 * n:
         tries += 1
         if world == "webshop":
-            site = list(SITES.values())[int(rng.integers(len(SITES)))]
+            site = SITES[TRAIN_SITES[int(rng.integers(len(TRAIN_SITES)))]]
             prod = PRODUCTS[int(rng.integers(len(PRODUCTS)))]
             level = int(rng.choice([1, 2, 3, 3]))
             text = (f"Go to {site.domain}" if level == 1 else

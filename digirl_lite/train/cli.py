@@ -190,7 +190,8 @@ def print_table(results: dict[str, dict[str, Any]], eval_tasks: int) -> None:
     parse) of each run's stages, one row per run; where some tasks were not judged, the
     judged count beside the rate, and "incomplete" instead of it below the run's
     ``min_judged_share`` (issue 29); where the environment has its own check, the true
-    rate beside the judged one (issue 32)."""
+    rate beside the judged one (issue 32); below it, where some stage has held-out splits,
+    their rates and gaps to the test list (issue 32 item 5)."""
     print(f"\nheld-out success (mean episode length; invalid steps) on the first {eval_tasks} "
           "test tasks")
     print(f"{'':<12} {'copier':^22}  {'offline':^22}  {'online':^22}")
@@ -212,3 +213,42 @@ def print_table(results: dict[str, dict[str, Any]], eval_tasks: int) -> None:
                          + (f" [true {100 * r['true_success_rate']:.1f}%]"  # issue 32
                             if r.get("truth") == "environment" else ""))
         print(f"{name:<12} " + "  ".join(cells))
+    _print_generalization(results)
+
+
+def _print_generalization(results: dict[str, dict[str, Any]]) -> None:
+    """Below :func:`print_table`, where some stage has held-out splits (issue 32 item 5):
+    per run and stage, the test list's rate, each split's and its gap to the test list
+    (split - test, points); the true rates where the environment has its own check."""
+    from digirl_lite.train.evaluate import truth_or_judged
+
+    def rate(r: dict[str, Any] | None) -> float | None:
+        return None if r is None or not r.get("complete", True) else truth_or_judged(r)
+
+    def splits(summary: dict[str, Any], stage: str) -> dict[str, Any]:
+        return (summary["stages"].get(stage) or {}).get("splits") or {}
+
+    stages = [st for st in ("copier", "offline", "online")
+              if any(splits(s, st) for s in results.values())]
+    if not stages:
+        return
+    names = list(dict.fromkeys(n for s in results.values() for st in stages
+                               for n in splits(s, st)))
+    w = max(13, *(len(n) for n in names))
+    print("\nheld-out splits beside the test list, % (true rates where the environment has "
+          "its own check, else judged); in brackets the gap, split - test, in points")
+    print(f"{'':<12} " + "  ".join(f"{st:^{6 + (w + 2) * len(names)}}" for st in stages))
+    print(f"{'':<12} " + "  ".join(f"{'test':>6}" + "".join(f"  {n:>{w}}" for n in names)
+                                   for _ in stages))
+    for name, summary in results.items():
+        blocks = []
+        for st in stages:
+            test = rate(summary["stages"].get(st))
+            cells = [f"{'-' if test is None else f'{100 * test:.1f}':>6}"]
+            for n in names:
+                x = rate(splits(summary, st).get(n))
+                cell = "-" if x is None else f"{100 * x:.1f}" + (
+                    "" if test is None else f" ({100 * (x - test):+.1f})")
+                cells.append(f"  {cell:>{w}}")
+            blocks.append("".join(cells))
+        print(f"{name:<12} " + "  ".join(blocks))

@@ -15,7 +15,7 @@ from typing import Any
 from digirl_lite.errors import ConfigError
 
 __all__ = ["ConfigError", "DigiRLConfig", "load_config", "sim_webshop", "sim_quick",
-           "with_algorithm", "effective_fields"]
+           "with_algorithm", "effective_fields", "EVAL_ONLY"]
 
 ALGORITHMS = ("digirl", "filtered_bc", "awr", "ppo", "grpo")
 STEP_FILTERS = ("paper", "released", "none")  # digirl_lite.filters.STEP_FILTERS
@@ -44,14 +44,22 @@ UNREAD = {"digirl": ("awr_beta", "awr_max_weight", *_PPO, *_PPO_ONLY, *_GRPO),
           "grpo": (*_DIGIRL, *_PPO_ONLY)}
 
 
+EVAL_ONLY = ("eval_splits", "eval_split_tasks")
+"""Fields that add evaluations beside the run's and change none of its numbers (each
+evaluation samples from a random stream of its own): left out when two runs are compared
+(:func:`effective_fields`), so a run saved before them resumes under a preset that sets
+them."""
+
+
 def effective_fields(d: dict[str, Any]) -> dict[str, Any]:
     """A config's fields (``DigiRLConfig.as_dict()``, as saved with a run) as the run uses
-    them: the fields its algorithm does not read (:data:`UNREAD`) left out, and those whose
-    None means the algorithm's own value (``actor_lr``, ``policy_loss_norm``) given that
-    value. Two runs whose effective fields agree are the same run, whatever their defaults
-    were when each was written (checkpoints on resume, grid results)."""
+    them: the fields its algorithm does not read (:data:`UNREAD`) and the evaluation-only
+    ones (:data:`EVAL_ONLY`) left out, and those whose None means the algorithm's own value
+    (``actor_lr``, ``policy_loss_norm``) given that value. Two runs whose effective fields
+    agree are the same run, whatever their defaults were when each was written
+    (checkpoints on resume, grid results)."""
     alg = d.get("algorithm", "digirl")
-    out = {k: v for k, v in d.items() if k not in UNREAD.get(alg, ())}
+    out = {k: v for k, v in d.items() if k not in (*UNREAD.get(alg, ()), *EVAL_ONLY)}
     for name, own in (("actor_lr", ACTOR_LR), ("policy_loss_norm", POLICY_LOSS_NORM),
                       ("offline_imitation", OFFLINE_IMITATION)):
         if name in out and out[name] is None:
@@ -191,6 +199,11 @@ class DigiRLConfig:
     print "incomplete" instead of its rate (issue 29)."""
     task_file: str | None = None
     """Train task list (one instruction per line); None: the shipped list of ``world``."""
+    phrasing_share: float = 0.0
+    """Share of the simulated phone's Web Shopping train tasks (the pile's and the online
+    phase's) written with the train phrasings instead of AitW's one (issue 32, item 5;
+    :func:`~digirl_lite.envs.sim.phrasings.rephrase_tasks`, fixed by ``seed``); the held-out
+    phrasings are never among them. 0: the list as written."""
     test_task_file: str | None = None
     """Held-out task list; None: the shipped test list of ``world``."""
     horizon: int | None = None
@@ -267,6 +280,12 @@ class DigiRLConfig:
     wasted steps (a step-level critic's material). 0 (this project's shipped policies):
     clean demonstrations, whose successes hold almost none
     (``benchmarks/filter_anatomy.py``)."""
+    sft_phrasing_share: float = 0.0
+    """Share of the starting policy's Web Shopping demonstrations and copy drills written with
+    the train phrasings (issue 32, item 5; :data:`~digirl_lite.envs.sim.phrasings.
+    TRAIN_PHRASINGS`: "Search costco.com for ...", "look for ... at ebay.com and click the
+    first result", lower case, typos), as people phrase requests many ways; the held-out
+    phrasings (split ``unseen_phrasings``) are never among them. 0: AitW's one phrasing."""
     sft_copy_updates: int = 1500
     """Copy drills before SFT (this project; batch ``sft_batch``): prompts that ask to search
     for a made-up product, target the product (:func:`digirl_lite.rollout.pile.copy_drills`).
@@ -500,6 +519,18 @@ class DigiRLConfig:
     """First 96 tasks of the test list (paper)."""
     eval_every: int = 0
     """Evaluate every N iterations for the learning curve (0: only at stage ends)."""
+    eval_splits: tuple[str, ...] = ()
+    """Held-out generalization splits evaluated beside the test list at the stage ends
+    ("copier", "offline" and the final "online"; not the learning curve's points), each
+    reported apart (issue 32 item 5; the paper has none). Each is a split name, the shipped
+    task file ``tasks/<world>_<name>.txt`` (e.g. "unseen_products"), or a path to a task
+    file (a name with "/" or ending ".txt"); reports name it by its file's name less
+    ``.txt`` and the ``<world>_`` prefix. The simulator preset evaluates Web Shopping's two
+    (:func:`sim_webshop`). Evaluations only: they change none of the run's other numbers
+    (:data:`EVAL_ONLY`)."""
+    eval_split_tasks: int = 48
+    """First N tasks of each of ``eval_splits`` (this project: half the test list's 96, so
+    the main job's two splits add one test list's worth of episodes to each stage end)."""
 
     # -- drift (the simulated phone redesigned part by part as days pass) -------------------
     day: int = 1
@@ -558,6 +589,8 @@ class DigiRLConfig:
         return POLICY_LOSS_NORM.get(self.algorithm)
 
     def __post_init__(self) -> None:
+        if isinstance(self.eval_splits, list):  # from JSON
+            self.eval_splits = tuple(self.eval_splits)
         _check_types(self)
         if self.world not in ("webshop", "general"):
             raise ValueError(f"world must be 'webshop' or 'general', got {self.world!r}")
@@ -641,9 +674,11 @@ class DigiRLConfig:
         if not 0 <= self.sft_copy_share < 1 or self.sft_copy_updates < 0:
             raise ValueError("sft_copy_share must be in [0, 1) and sft_copy_updates >= 0")
         for f in ("n_envs", "rollouts_per_iteration", "capacity", "actor_batch",
-                  "critic_batch", "sft_batch", "eval_tasks", "critic_hidden", "grad_accum"):
+                  "critic_batch", "sft_batch", "eval_tasks", "critic_hidden", "grad_accum",
+                  "eval_split_tasks"):
             if getattr(self, f) <= 0:
                 raise ValueError(f"{f} must be positive")
+        self._check_splits()
         if self.max_unjudged_steps < 0:
             raise ValueError("max_unjudged_steps must be >= 0 (0: never stop)")
         if self.max_unjudged_s < 0:
@@ -658,6 +693,13 @@ class DigiRLConfig:
         if self.day < 1 or not 0 <= self.days_per_iteration < float("inf"):
             raise ValueError(f"day must be >= 1 and days_per_iteration >= 0, got day="
                              f"{self.day}, days_per_iteration={self.days_per_iteration}")
+        for name in ("sft_phrasing_share", "phrasing_share"):
+            if not 0 <= getattr(self, name) <= 1:
+                raise ValueError(f"{name} must be a share in [0, 1], got "
+                                 f"{getattr(self, name)}")
+        if self.phrasing_share and self.env != "sim":
+            raise ConfigError("phrasing_share: rephrasing train tasks is the simulated "
+                              f"phone's (env='sim'), not env={self.env!r}'s")
         if not 0 <= self.sft_slip_rate <= 1:
             raise ValueError(f"sft_slip_rate must be a probability in [0, 1], got "
                              f"{self.sft_slip_rate}")
@@ -695,6 +737,19 @@ class DigiRLConfig:
             raise ConfigError(f"{'day' if self.day != 1 else 'days_per_iteration'}: drift "
                               "is the simulated phone's (env='sim'); real phones "
                               f"(env={self.env!r}) change on their own")
+
+    def _check_splits(self) -> None:
+        """``eval_splits``: names or paths, each reported under a name of its own (their
+        files are checked by :meth:`check_paths`)."""
+        if not all(isinstance(s, str) and s for s in self.eval_splits):
+            raise ValueError(f"eval_splits must be split names or task file paths, got "
+                             f"{self.eval_splits!r}")
+        from digirl_lite.envs.setup import split_name
+
+        names = [split_name(self, s) for s in self.eval_splits]
+        if len(set(names)) < len(names):
+            raise ValueError(f"eval_splits: two splits would be reported under one name "
+                             f"({', '.join(names)}); rename a file")
 
     def _check_hard_reset(self) -> None:
         """``hard_reset_every`` against the phones: a ConfigError naming it before any work."""
@@ -817,7 +872,9 @@ class DigiRLConfig:
                               "iterations; use learner 'sync' for drift runs")
 
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """The fields as JSON has them (``eval_splits`` a list), so a config compares equal
+        to the one saved with a run; :meth:`from_dict` takes either."""
+        return {**asdict(self), "eval_splits": list(self.eval_splits)}
 
     def check_paths(self) -> None:
         """Fail early, naming every field that cannot work (a missing path, a judge without
@@ -848,6 +905,11 @@ class DigiRLConfig:
         for name in ("task_file", "test_task_file"):
             if getattr(self, name) is not None:
                 need(name, getattr(self, name), "file")
+        if self.eval_splits:
+            from digirl_lite.envs.setup import split_path
+
+            for name in self.eval_splits:
+                need("eval_splits", split_path(self, name), "file")
         if self.env == "android":
             import os
 
@@ -954,9 +1016,14 @@ def sim_webshop(**overrides: Any) -> DigiRLConfig:
     faster actor update and sampling paid for these evaluations).
     With the same reasoning the step critic's hidden layers are 256 wide (paper: 768 on
     RoBERTa), the width these results were measured with.
+    ``eval_splits``: on Web Shopping with its shipped test list, the held-out splits
+    "unseen_products" and "unseen_phrasings" beside it at each stage end (issue 32 item 5;
+    General has no split files yet, and a test list of one's own has no splits).
     """
-    base = {"starting_policy": "shipped", "critic_lr": 1e-3, "critic_hidden": 256,
-            "eval_every": 5}
+    base: dict[str, Any] = {"starting_policy": "shipped", "critic_lr": 1e-3,
+                            "critic_hidden": 256, "eval_every": 5}
+    if overrides.get("world", "webshop") == "webshop" and not overrides.get("test_task_file"):
+        base["eval_splits"] = ("unseen_products", "unseen_phrasings")
     return DigiRLConfig(**{**base, **overrides})
 
 
@@ -964,10 +1031,12 @@ def sim_quick(**overrides: Any) -> DigiRLConfig:
     """A few-minute smoke run of the whole pipeline (not for conclusions): the main job
     (:func:`sim_webshop`: the shipped starting policy, its settings) on a small budget, so
     its numbers mean something (the copier succeeds about as often as in the main job).
-    Pass ``starting_policy="sft"`` (and ``sft_*`` fields) to train a starting policy."""
+    Pass ``starting_policy="sft"`` (and ``sft_*`` fields) to train a starting policy. No
+    held-out splits (``eval_splits``) unless asked for: a smoke run evaluates the test list."""
     base = {"pile_size": 24, "offline_critic_updates": 10, "offline_actor_updates": 10,
             "iterations": 2, "rollouts_per_iteration": 8, "n_envs": 8, "actor_updates": 4,
-            "actor_batch": 32, "critic_batch": 32, "eval_tasks": 16, "max_new_tokens": 32}
+            "actor_batch": 32, "critic_batch": 32, "eval_tasks": 16, "max_new_tokens": 32,
+            "eval_splits": ()}
     return sim_webshop(**{**base, **overrides})
 
 

@@ -14,7 +14,8 @@ from digirl_lite.judge.calibration import wilson_interval
 from digirl_lite.rollout.fleet import BatchAgent, Episode
 
 __all__ = ["FAILURE_KINDS", "INVALID_SHARE", "MIN_JUDGED_SHARE", "failure_kind",
-           "invalid_steps", "evaluate", "summarize", "ground_truth", "stage_rates"]
+           "invalid_steps", "evaluate", "summarize", "ground_truth", "stage_rates",
+           "split_rate", "truth_or_judged"]
 
 FAILURE_KINDS = ("never_reached_site", "wrong_page_at_end", "ran_out_of_steps",
                  "infrastructure", "unjudged", "invalid_actions")
@@ -112,6 +113,24 @@ def stage_rates(report: dict[str, Any]) -> str:
     if report.get("truth") != "environment":
         return judged + "; no ground truth)"
     return f"{judged}) | {100 * report['true_success_rate']:.1f}% (true)"
+
+
+def truth_or_judged(report: dict[str, Any]) -> float:
+    """The rate held-out splits are compared with the test list by (issue 32 item 5): the
+    environment's true rate where the report has one, else the judged rate."""
+    if report.get("truth") == "environment":
+        return report["true_success_rate"]
+    return report["success_rate"]
+
+
+def split_rate(report: dict[str, Any]) -> str:
+    """A held-out split's success in the stage line: ``40.0%`` (the true rate where the
+    environment has one, :func:`truth_or_judged`), ``40.0% (judge)`` where it has none,
+    ``incomplete`` where too few of its tasks were judged."""
+    if not report.get("complete", True):
+        return "incomplete"
+    judge = "" if report.get("truth") == "environment" else " (judge)"
+    return f"{100 * truth_or_judged(report):.1f}%{judge}"
 
 
 def summarize(episodes: Sequence[Episode],

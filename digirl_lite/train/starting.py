@@ -35,7 +35,8 @@ def sft_key(cfg: Any) -> str:
     return content_key(version, c.world, c.sft_seed, c.sft_demos, c.sft_updates,
                        c.sft_batch, c.sft_lr, c.sft_surprise_rate, c.sft_varied_products,
                        c.sft_copy_updates, c.sft_copy_share, *policy,
-                       *((("slip", c.sft_slip_rate),) if c.sft_slip_rate else ()))
+                       *((("slip", c.sft_slip_rate),) if c.sft_slip_rate else ()),
+                       *((("phrasing", c.sft_phrasing_share),) if c.sft_phrasing_share else ()))
 
 
 def save_starting_policy(policy: Any, cfg: Any, directory: str | Path) -> Path:
@@ -50,7 +51,8 @@ def save_starting_policy(policy: Any, cfg: Any, directory: str | Path) -> Path:
         "sft_surprise_rate": cfg.sft_surprise_rate,
         "sft_varied_products": cfg.sft_varied_products,
         "sft_copy_updates": cfg.sft_copy_updates,
-        "sft_copy_share": cfg.sft_copy_share, "sft_slip_rate": cfg.sft_slip_rate}, indent=1))
+        "sft_copy_share": cfg.sft_copy_share, "sft_slip_rate": cfg.sft_slip_rate,
+        "sft_phrasing_share": cfg.sft_phrasing_share}, indent=1))
     return d
 
 
@@ -113,14 +115,16 @@ def train_sft(cfg: Any, features: Any, *, device: Any = "cpu", process_index: in
     demos, dscreens, _ = generate_demos(c.world, n=c.sft_demos, seed=c.sft_seed,
                                         surprise_rate=c.sft_surprise_rate,
                                         varied_products=c.sft_varied_products,
-                                        slip_rate=c.sft_slip_rate)
+                                        slip_rate=c.sft_slip_rate,
+                                        phrasing_share=c.sft_phrasing_share)
     features.fill(dscreens)
     steps = [s for t in demos for s in t.steps]
     policy = fresh_policy(c).to(device)
     opt = torch.optim.AdamW(policy.parameters(), lr=c.sft_lr)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda u: min(1.0, (u + 1) / 50))
     rng = np.random.default_rng([c.sft_seed, process_index])
-    drills = copy_drills(seed=c.sft_seed * 1009 + process_index, world=c.world)
+    drills = copy_drills(seed=c.sft_seed * 1009 + process_index, world=c.world,
+                         phrasing_share=c.sft_phrasing_share)
     if policy.screen_input == "features":
         no_image: Any = np.zeros((c.sft_batch, policy.img_dim), dtype=np.float32)
     else:  # a VLM's drills show it a blank screen

@@ -52,14 +52,18 @@ from digirl_lite.redaction import redact
 from digirl_lite.rollout.episode import SampledAction
 from digirl_lite.rollout.fleet import JudgeUnavailable, NoDevicesLeft
 from digirl_lite.train.config import DigiRLConfig, effective_fields
-from digirl_lite.train.evaluate import evaluate, stage_rates
+from digirl_lite.train.evaluate import evaluate, split_rate, stage_rates
 
 __all__ = ["PolicyBatchAgent", "Trainer", "RunStopped", "mle_update", "steps_to_batch",
-           "text_mle_update", "ITERATION_PHASES", "RUN_PHASES", "USER_CACHE"]
+           "text_mle_update", "ITERATION_PHASES", "RUN_PHASES", "SPLIT_STAGES", "USER_CACHE"]
 
 RUN_PHASES = ("starting_policy", "eval:copier", "pile", "offline", "eval:offline")
 """The phases before the online iterations, in order; a checkpoint is saved after each, so a
 run killed anywhere resumes at the phase it was in (``--resume``)."""
+
+SPLIT_STAGES = ("copier", "offline", "online")
+"""The stages evaluated on the held-out splits too (``eval_splits``): the stage ends, not
+the learning curve's ``online-k`` points."""
 
 USER_CACHE = "user-cache"
 """``Trainer(cache_dir=USER_CACHE)`` (the default): :func:`digirl_lite.paths.user_cache_dir`."""
@@ -481,6 +485,7 @@ class Trainer:
         devices += () if c.day == 1 else (("day", c.day),)  # day 1 keys as before
         devices += (("surprises", sorted(c.sim_surprises.items())),) if c.sim_surprises else ()
         devices += (("faults", sorted(c.sim_faults.items())),) if c.sim_faults else ()
+        devices += (("phrasing", c.phrasing_share),) if c.phrasing_share else ()
         return self._cache_key("pile-v3", c.world, c.seed, c.pile_size, c.judge, c.temperature,
                                c.constrained_decoding, c.max_new_tokens, c.horizon, c.task_file,
                                policy_id, *devices)
@@ -883,33 +888,72 @@ class Trainer:
         with self.fleet().updating_policy(version=k):
             self._behaviour.model.load_state_dict(self.policy.model.state_dict())
 
-    def evaluate(self, stage: str) -> dict[str, Any]:
+    def evaluate(self, stage: str, splits: bool | None = None) -> dict[str, Any]:
         """Held-out success of the current policy, as ``stage``. The evaluation samples
         from a random stream of its own, fixed by the seed and the stage's name, and leaves
         the run's streams where they were: neither training nor a later evaluation depends
         on how often a run evaluates (``eval_every``), and two arms of a grid evaluate a
-        stage with the same random numbers (their paired difference has less noise)."""
+        stage with the same random numbers (their paired difference has less noise).
+
+        ``splits``: also evaluate each held-out split of ``eval_splits`` (issue 32 item 5),
+        the same way on a stream of its own, into ``report["splits"][name]`` (no key where
+        the run has none); None: at the stage ends (:data:`SPLIT_STAGES`), not at the
+        learning curve's points. The report
+        reaches the summary (and so the next checkpoint) only with its splits: a run killed
+        during them redoes the stage whole."""
+        report = self._evaluation(stage, self._test_tasks(), self.cfg.eval_tasks)
+        report["day"] = self.phone_day()  # the simulated phone's drift day (1: none)
+        self._log_evaluation(stage, report)
+        if self.phones.splits and (splits or (splits is None and stage in SPLIT_STAGES)):
+            report["splits"] = {}
+            for name, tasks in self.phones.splits.items():
+                rep = self._evaluation(f"{stage}:{name}", tasks, self.cfg.eval_split_tasks)
+                rep["day"] = report["day"]
+                self._log_evaluation(f"{stage}:{name}", rep)
+                report["splits"][name] = rep
+        self.summary["stages"][stage] = report
+        self.curve.append((self.online_trajectories, report["success_rate"]))
+        # judged and true side by side (issue 32): a noisy judge shows as the gap
+        self.say(f"eval:{stage}: {stage_rates(report)}, {report['judged_episodes']}/"
+                 f"{report['episodes']} judged"
+                 + ("; " + " | ".join(f"{name} {split_rate(rep)}" for name, rep
+                                      in report["splits"].items())
+                    if report.get("splits") else ""))
+        for name, rep in [(stage, report), *((f"{stage}:{k}", r) for k, r
+                                              in (report.get("splits") or {}).items())]:
+            if not rep["complete"]:
+                self.say(f"evaluation {name} is incomplete: {rep['judged_episodes']} of "
+                         f"{rep['episodes']} tasks judged (min_judged_share "
+                         f"{self.cfg.min_judged_share}); its rate is not reported as the "
+                         + ("stage's" if name == stage else "split's"))
+        return report
+
+    def _evaluation(self, name: str, tasks: Sequence[Any], n_tasks: int) -> dict[str, Any]:
+        """One evaluation of the first ``n_tasks`` of ``tasks`` as ``name`` (a stage, or
+        ``<stage>:<split>``): its random stream from ``eval:<name>``, its episodes
+        ``eval-<name>-NNNNN``, all of them stored in ``eval/<name>/`` (":" as "-")."""
         screens = ScreenTable(self.img_dim)
         dev = self.accelerator.device
         with torch.random.fork_rng(devices=[dev] if dev.type == "cuda" else []):
             torch.manual_seed(self.cfg.seed + 7919 * self.rank
-                              + zlib.crc32(f"eval:{stage}".encode()))
+                              + zlib.crc32(f"eval:{name}".encode()))
             report, episodes = self._timed("evaluate", lambda: evaluate(
-                _StageFleet(self, f"eval:{stage}"), self.agent(screens), self._test_tasks(),
-                n_tasks=self.cfg.eval_tasks, seed=10_000 + self.cfg.seed,
-                id_prefix=f"eval-{stage}", screens=screens,
+                _StageFleet(self, f"eval:{name}"), self.agent(screens), tasks,
+                n_tasks=n_tasks, seed=10_000 + self.cfg.seed,
+                id_prefix=f"eval-{name.replace(':', '-')}", screens=screens,
                 min_judged_share=self.cfg.min_judged_share))
         if self.is_main:  # every evaluation trajectory, for replay and the report
             self.features.fill(screens)
-            ev = self.out / "eval" / stage
+            ev = self.out / "eval" / name.replace(":", "-")
             if ev.exists():
                 shutil.rmtree(ev)  # an evaluation interrupted by a crash, now redone
             TrajectoryStore.create(ev, screens.feature_dim).append(
                 [e.trajectory for e in episodes], screens)
-        report["day"] = self.phone_day()  # the simulated phone's drift day (1: none)
-        self.summary["stages"][stage] = report
-        self.curve.append((self.online_trajectories, report["success_rate"]))
-        self.log(stage=f"eval:{stage}", online_trajectories=self.online_trajectories,
+        return report
+
+    def _log_evaluation(self, name: str, report: dict[str, Any]) -> None:
+        """The evaluation's line in metrics.jsonl, ``stage`` ``eval:<name>``."""
+        self.log(stage=f"eval:{name}", online_trajectories=self.online_trajectories,
                  day=report["day"],
                  success_rate=round(report["success_rate"], 4),
                  ci95=[round(x, 3) for x in report["ci95"]],
@@ -922,14 +966,6 @@ class Trainer:
                      report["success_rate_unjudged_as_failures"], 4),
                  truth=report["truth"], true_success_rate=round(report["true_success_rate"], 4),
                  judge_accuracy=(report["judge_agreement"] or {}).get("accuracy"))
-        # judged and true side by side (issue 32): a noisy judge shows as the gap
-        self.say(f"eval:{stage}: {stage_rates(report)}, {report['judged_episodes']}/"
-                 f"{report['episodes']} judged")
-        if not report["complete"]:
-            self.say(f"evaluation {stage} is incomplete: {report['judged_episodes']} of "
-                     f"{report['episodes']} tasks judged (min_judged_share "
-                     f"{self.cfg.min_judged_share}); its rate is not reported as the stage's")
-        return report
 
     # -- persistence ----------------------------------------------------------------------
     def _store(self) -> TrajectoryStore:

@@ -159,12 +159,12 @@ def _render(states: Sequence[PhoneState], size: tuple[int, int] | None) -> list[
 
 def _query_pages(query: str) -> list[Page]:
     """Every page kind that shows a query: results and product pages of each shop, Google's."""
-    from digirl_lite.envs.sim.catalog import SITES
+    from digirl_lite.envs.sim.catalog import TRAIN_SITES
     from digirl_lite.envs.sim.world import N_RESULTS, Page
 
     order = tuple(range(N_RESULTS))
     pages = [Page("chrome", "google_results", query=query)]
-    for site in SITES:
+    for site in TRAIN_SITES:
         pages.append(Page("chrome", "shop_results", site=site, query=query, order=order))
         pages.append(Page("chrome", "shop_product", site=site, query=query, item=0, order=order))
     return pages
@@ -226,11 +226,11 @@ def drift_probe(
     (``world.drift_day``), so some pages have not changed by ``day_b``: they are counted
     apart (``unchanged``, distance 0 up to float error).
     """
-    from digirl_lite.envs.sim.catalog import APPS, SITES
+    from digirl_lite.envs.sim.catalog import APPS, TRAIN_SITES
     from digirl_lite.envs.sim.world import Page, PhoneState
 
     pages = [Page(), Page("chrome", "google_home")] + _query_pages(query)
-    pages += [Page("chrome", "shop_home", site=s) for s in SITES]
+    pages += [Page("chrome", "shop_home", site=s) for s in TRAIN_SITES]
     pages += [Page(a, "app_home") for a in APPS if a != "chrome"]
     states = [PhoneState(page=p, day=day_a) for p in pages]
     states += [PhoneState(page=p, day=day_b) for p in pages]

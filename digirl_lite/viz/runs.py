@@ -4,7 +4,8 @@
                                   ("sft", "pile", "offline", "online", "eval:<stage>", ...)
     RUN/summary.json              config, per-stage evaluation summaries (at the end of a run)
     RUN/store/                    every pile and online trajectory (a TrajectoryStore)
-    RUN/eval/<stage>/             the evaluation episodes of one stage (a TrajectoryStore)
+    RUN/eval/<stage>/             the evaluation episodes of one stage (a TrajectoryStore);
+                                  RUN/eval/<stage>-<split>/ those of a held-out split
     RUN/checkpoints/latest        the newest checkpoint's name; checkpoints/iter-NNNN/state.pt
                                   holds the critics' state dicts
 
@@ -26,7 +27,8 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["EVAL_PREFIX", "EvalPoint", "Run", "load_runs"]
 
 EVAL_PREFIX = "eval:"
-"""Evaluation records in metrics.jsonl have ``stage = "eval:<stage name>"``."""
+"""Evaluation records in metrics.jsonl have ``stage = "eval:<stage name>"`` (a held-out
+split's, ``"eval:<stage name>:<split>"``)."""
 
 
 @dataclass(frozen=True)
@@ -107,11 +109,13 @@ class Run:
         return self.name
 
     def curve(self) -> list[EvalPoint]:
-        """The learning curve: every evaluation record of metrics.jsonl, in order."""
+        """The learning curve: every evaluation record of metrics.jsonl, in order (a
+        held-out split's, ``eval:<stage>:<split>``, is in its stage's summary instead)."""
         pts = []
         for r in self.metrics():
             stage = str(r.get("stage", ""))
-            if stage.startswith(EVAL_PREFIX) and "success_rate" in r:
+            if (stage.startswith(EVAL_PREFIX) and "success_rate" in r
+                    and ":" not in stage[len(EVAL_PREFIX):]):
                 ci = r.get("ci95") or (float("nan"), float("nan"))
                 pts.append(EvalPoint(stage[len(EVAL_PREFIX):], int(r.get("online_trajectories", 0)),
                                      float(r["success_rate"]), (float(ci[0]), float(ci[1])),

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["Site", "App", "SITES", "APPS", "site_from_domain", "app_from_name"]
+__all__ = ["Site", "App", "SITES", "APPS", "TRAIN_SITES", "HELD_OUT_SITES", "site_from_domain",
+           "app_from_name"]
 
 
 @dataclass(frozen=True)
@@ -36,8 +37,17 @@ SITES: dict[str, Site] = {
         Site("bestbuy", "bestbuy.com", "Best Buy", (0, 70, 190)),
         Site("target", "target.com", "Target", (204, 0, 0)),
         Site("newegg", "newegg.com", "Newegg", (245, 130, 31)),
+        # held out: no train or test task names these (the unseen-products split's sites)
+        Site("overstock", "overstock.com", "Overstock", (192, 24, 44)),
+        Site("bhphoto", "bhphotovideo.com", "B&H Photo", (60, 60, 60)),
     )
 }
+
+TRAIN_SITES: tuple[str, ...] = ("costco", "walmart", "ebay", "bestbuy", "target", "newegg")
+"""The shops the train and test lists use."""
+HELD_OUT_SITES: tuple[str, ...] = ("overstock", "bhphoto")
+"""Shops only the held-out split ``webshop_unseen_products`` names: the training never
+sees them (issue 32, item 5)."""
 
 APPS: dict[str, App] = {
     a.key: a

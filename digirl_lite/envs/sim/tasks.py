@@ -176,8 +176,9 @@ _SEARCH = re.compile(r"^\s*[,;]?\s*(?:and\s+)?(?:then\s+)?search\s*for\b\s*(?P<p
                      re.I | re.S)
 # "and select the first entry" and the ways people say it.
 _SELECT = (
-    r"(?:select|click|click\s+on|tap|tap\s+on|open|choose|pick)\s+"
-    r"(?:the\s+)?first\s+(?:entry|item|result|product|listing|one|link)"
+    r"(?:select|click|click\s+on|tap|tap\s+on|open|choose|pick|go\s+with|grab)\s+"
+    r"(?:the\s+)?(?:first|top|1st)\s+(?:entry|item|result|product|listing|one|link|hit|option|"
+    r"match)"
 )
 _TAIL_L3 = re.compile(rf"^\s*[,;]?\s*(?:and\s+)?(?:then\s+)?{_SELECT}\s*[.!]?\s*$", re.I | re.S)
 _TAIL_L2 = re.compile(r"^\s*[.!]?\s*$", re.S)
@@ -239,6 +240,119 @@ def _parse_webshop(text: str, m: re.Match[str]) -> Task:
     if not query:
         raise ValueError(f"empty search query in {text!r}")
     return Task(text, "webshop", level=level, site=site, query=query)
+
+
+# Web Shopping as people phrase it apart from AitW's "Go to <site>, search for ..." (issue 32,
+# item 5): "look up sony wh-1000xm4 on costco.com and open the top result", "take me to
+# ebay.com", "search walmart.com for 'fire 7'", "at bestbuy.com, find me a ... then pick the
+# first one", lower case, and a typo in the words around the product ("serach", "frist").
+_DOMAIN = (r"(?P<domain>(?:https?://)?(?:www\.)?[a-z0-9][a-z0-9-]*(?:\.[a-z0-9-]+)*"
+           r"\.(?:com|net|org|io|us|co\.uk)/?)")
+_HAS_DOMAIN = re.compile(rf"(?:^|[\s,;:]){_DOMAIN}(?=$|[\s,;:.!?])", re.I)
+_PRE = r"^(?:(?:hey|ok|okay)[,\s]+)?(?:(?:please|pls|can\s+you|could\s+you|would\s+you)\s+)?"
+_VISIT = (r"(?:take\s+me\s+to|pull\s+up|bring\s+up|visit|open(?:\s+up)?|go\s*to|head\s+"
+          r"(?:over\s+)?to|navigate\s+to|i\s+want\s+to\s+go\s+to|get\s+me\s+to)")
+_FIND = (r"(?:look\s*up|look\s+for|search\s+for|search|find(?:\s+me)?|shop\s+for|"
+         r"i\s+need|i\s+want|i(?:['’]m|\s+am)\s+looking\s+for|get\s+me|show\s+me|check)")
+_TAIL = rf"(?P<select>\s*[,;]?\s*(?:and\s+)?(?:then\s+)?{_SELECT})?\s*[.!?]?$"
+_FREE_L1 = re.compile(rf"{_PRE}{_VISIT}\s+(?:the\s+)?{_DOMAIN}"
+                      r"(?:\s+(?:please|pls|now|for\s+me))?\s*[.!?]?$", re.I | re.S)
+_FREE_L23 = tuple(re.compile(p, re.I | re.S) for p in (
+    # look up <product> on <site> [and open the first result]
+    rf"{_PRE}{_FIND}\s+(?P<product>.+?)\s*,?\s+(?:on|at|from|in|over\s+at|via)\s+{_DOMAIN}"
+    rf"{_TAIL}",
+    # at <site>, look up <product> ...
+    rf"{_PRE}(?:on|at|over\s+at)\s+{_DOMAIN}\s*[,:;]?\s*(?:please\s+)?{_FIND}\s+"
+    rf"(?P<product>.+?){_TAIL}",
+    # search <site> for <product> ...
+    rf"{_PRE}search\s+{_DOMAIN}\s+for\s+(?P<product>.+?){_TAIL}",
+    # open <site> and look up <product> ...
+    rf"{_PRE}{_VISIT}\s+{_DOMAIN}\s*[,;]?\s*(?:and\s+|then\s+|and\s+then\s+)?{_FIND}\s+"
+    rf"(?P<product>.+?){_TAIL}",
+))
+_ARTICLE = re.compile(r"^(?:a|an|the|some)\s+", re.I)
+# The words around a product that a typo may hit; a word of 4+ letters one edit (insert,
+# delete, substitute, swap two neighbours) from one of these is read as it.
+_KEYWORDS = ("search", "select", "first", "entry", "result", "listing", "product", "look",
+             "find", "open", "click", "choose", "pick", "need", "want", "show", "visit", "please",
+             "then", "take", "bring", "pull", "option", "item", "head", "shop", "match")
+
+
+def _one_edit(a: str, b: str) -> bool:
+    """Whether ``a`` and ``b`` differ by one insertion, deletion, substitution or swap."""
+    if a == b or abs(len(a) - len(b)) > 1:
+        return False
+    if len(a) == len(b):
+        diff = [i for i in range(len(a)) if a[i] != b[i]]
+        return len(diff) == 1 or (len(diff) == 2 and diff[1] == diff[0] + 1
+                                  and a[diff[0]] == b[diff[1]] and a[diff[1]] == b[diff[0]])
+    short, long_ = (a, b) if len(a) < len(b) else (b, a)
+    return any(long_[:i] + long_[i + 1:] == short for i in range(len(long_)))
+
+
+def _fix_typos(text: str) -> str:
+    """``text`` with each unquoted word one edit from a keyword (:data:`_KEYWORDS`) read as
+    the keyword, its case and punctuation kept; words with digits, dots or hyphens (model
+    numbers, domains) and quoted products are left alone."""
+    out, quote = [], None
+    for tok in text.split(" "):
+        core = tok.strip(",;:.!?")
+        if quote is None and tok[:1] in _QUOTES:
+            quote = tok[0]
+        if (quote is None and len(core) >= 4 and core.isalpha()
+                and core.lower() not in _KEYWORDS):
+            hit = next((k for k in _KEYWORDS if len(k) >= 4 and _one_edit(core.lower(), k)),
+                       None)
+            if hit is not None:
+                tok = tok.replace(core, hit.capitalize() if core[:1].isupper() else hit, 1)
+        if quote is not None and any(c in _QUOTES[quote] for c in tok[1:]):
+            quote = None  # the closing quote (a product's inner quote ends it early: harmless)
+        out.append(tok)
+    return " ".join(out)
+
+
+def _product(raw: str, text: str) -> str | None:
+    """The product of a free-form Web Shopping instruction: quotes stripped, else a leading
+    article ("find me a ..."); None when words follow its closing quote (``"tv", and add it
+    to cart``: a request beyond the first entry, not this phrasing)."""
+    p = raw.strip().rstrip(",;")
+    if p[:1] in _QUOTES:
+        closers = _QUOTES[p[0]]
+        end = max(p.rfind(c) for c in closers)
+        if end <= 0:
+            raise ValueError(f"unclosed quote in search query of {text!r}")
+        if p[end + 1:].strip(" ,;.!?"):
+            return None
+        p = p[1:end]
+    else:
+        p = _ARTICLE.sub("", p)
+    p = p.strip()
+    if not p:
+        raise ValueError(f"empty search query in {text!r}")
+    return p
+
+
+def _parse_webshop_free(text: str, t: str) -> Task | None:
+    """``t`` (``text`` with its whitespace collapsed) as a free-form Web Shopping
+    instruction, or None when no phrasing of this form matches."""
+    for fixed in dict.fromkeys((t, _fix_typos(t))):  # as written first, then typos read
+        m = _FREE_L1.match(fixed)
+        if m is not None:
+            return Task(text, "webshop", level=1, site=_known_site(m["domain"], text))
+        for pattern in _FREE_L23:
+            m = pattern.match(fixed)
+            if m is not None and (query := _product(m["product"], text)) is not None:
+                return Task(text, "webshop", level=3 if m["select"] else 2,
+                            site=_known_site(m["domain"], text), query=query)
+    return None
+
+
+def _known_site(domain: str, text: str) -> str:
+    site = site_from_domain(domain.rstrip(".!"))
+    if site is None:
+        raise UnsupportedTaskError(
+            f"site {domain.rstrip('.!')!r} is not one of {_supported_domains()} (in {text!r})")
+    return site
 
 
 # --------------------------------------------------------------------------------------------
@@ -356,7 +470,18 @@ def parse_task(text: str) -> Task:
         # Matched again on the text as given: the product is kept as written, inner spaces too.
         m_raw = _GO_TO.match(text.strip())
         assert m_raw is not None
-        return _parse_webshop(text, m_raw)
+        try:
+            return _parse_webshop(text, m_raw)
+        except UnsupportedTaskError:
+            free = _parse_webshop_free(text, t)  # "go to x.com and look up ...", typos
+            if free is None:
+                raise
+            return free
+
+    if _HAS_DOMAIN.search(t):
+        free = _parse_webshop_free(text, t)
+        if free is not None:
+            return free
 
     o = _OPEN.match(t)
     if o is not None:

@@ -1,0 +1,179 @@
+"""Web Shopping instructions phrased as people write them, in two disjoint sets of phrasings.
+
+AitW's lists, and the simulator's, phrase every Web Shopping task one way: ``Go to <site>,
+search for "<product>", and select the first entry``. People do not: "look up sony wh-1000xm4
+on costco.com and open the top result", "take me to ebay.com", lower case, a typo. Two sets of
+templates, written apart (issue 32, item 5):
+
+* :data:`TRAIN_PHRASINGS`: what the training may see (``phrasing_share`` rephrases that share
+  of the demonstrations', the pile's and the online phase's train tasks with them);
+* :data:`HELD_OUT_PHRASINGS`: what only the held-out split ``webshop_unseen_phrasings`` uses
+  (:func:`rephrase`; ``recipes/make_task_sets.py``). No template, verb or "first entry"
+  wording of one set is in the other.
+
+Every phrasing is one :func:`~digirl_lite.envs.sim.tasks.parse_task` reads back to the same
+site, level and product: :func:`rephrase` checks it.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from digirl_lite.envs.sim.catalog import SITES
+from digirl_lite.envs.sim.tasks import Task, UnsupportedTaskError, parse_task
+
+__all__ = ["Phrasings", "TRAIN_PHRASINGS", "HELD_OUT_PHRASINGS", "rephrase", "rephrase_tasks",
+           "add_typo"]
+
+
+@dataclass(frozen=True)
+class Phrasings:
+    """Templates per level (``{d}``: the site's domain, ``{q}``: the product) and how the
+    rest of an instruction varies.
+
+    Attributes:
+        level1: go to the site.
+        level2: search it for the product.
+        select: what level 3 adds after a level-2 phrasing ("and select the first entry").
+        quote_p: chance the product is quoted ('...' or "...").
+        article_p: chance an unquoted product gets "a " before it ("find me a ...").
+        lower_p: chance the whole instruction is lower case (else its first letter capital).
+        typo_p: chance one word around the product carries a typo (:func:`add_typo`).
+    """
+
+    level1: tuple[str, ...]
+    level2: tuple[str, ...]
+    select: tuple[str, ...]
+    quote_p: float
+    article_p: float
+    lower_p: float
+    typo_p: float
+
+
+TRAIN_PHRASINGS = Phrasings(
+    level1=("Go to {d}", "Open {d}", "Visit {d}", "Head to {d}"),
+    level2=("Go to {d}, search for {q}", "Search {d} for {q}", "Search for {q} on {d}",
+            "Look for {q} at {d}", "Open {d} and search for {q}", "On {d}, search for {q}",
+            "Shop for {q} on {d}", "Visit {d} and look for {q}"),
+    select=(", and select the first entry", " and click the first result",
+            ", then tap the first item", " and choose the first listing",
+            ", select the first product"),
+    quote_p=0.5, article_p=0.0, lower_p=0.4, typo_p=0.25,
+)
+
+HELD_OUT_PHRASINGS = Phrasings(
+    level1=("take me to {d}", "pull up {d} please", "bring up {d}", "i want to go to {d}",
+            "could you open up {d}"),
+    level2=("look up {q} on {d}", "find me {q} at {d}", "i need {q} from {d}",
+            "show me {q} on {d}", "get me {q} from {d}", "at {d}, look up {q}",
+            "can you find {q} on {d}", "i'm looking for {q} over at {d}"),
+    select=(" and open the top result", " then pick the first one", ", go with the first option",
+            " and grab the top match"),
+    quote_p=0.3, article_p=0.3, lower_p=0.7, typo_p=0.4,
+)
+
+_TYPO_WORDS = ("search", "select", "first", "entry", "result", "listing", "product", "look",
+               "find", "open", "click", "choose", "pick", "need", "show", "visit", "please",
+               "take", "bring", "pull", "option", "item", "head", "shop", "match")
+
+
+def add_typo(word: str, rng: random.Random) -> str:
+    """``word`` with one slip of the thumb: two letters swapped, one dropped, one doubled or
+    one replaced by a neighbour on the keyboard."""
+    rows = ("qwertyuiop", "asdfghjkl", "zxcvbnm")
+    i = rng.randrange(1, len(word) - 1)  # first and last letters kept: still readable
+    kind = rng.randrange(4)
+    if kind == 0:  # swap letters i and i + 1, both inside the word
+        i = min(i, len(word) - 3)
+        return word[:i] + word[i + 1] + word[i] + word[i + 2:]
+    if kind == 1:
+        return word[:i] + word[i + 1:]
+    if kind == 2:
+        return word[:i] + word[i] + word[i:]
+    row = next((r for r in rows if word[i] in r), rows[0])
+    j = row.find(word[i])
+    near = [row[k] for k in (j - 1, j + 1) if 0 <= k < len(row)]
+    return word[:i] + rng.choice(near) + word[i + 1:]
+
+
+def _with_typo(text: str, rng: random.Random, product: str | None) -> str:
+    """``text`` with a typo in one of its template words (never the product or the site)."""
+    head, sep, tail = text.partition(product) if product else (text, "", "")
+    words = head.split(" ") + ([sep] if sep else []) + (tail.split(" ") if sep else [])
+    spots = [i for i, w in enumerate(words) if w.strip(",").lower() in _TYPO_WORDS
+             and w != sep]
+    if not spots:
+        return text
+    i = rng.choice(spots)
+    core = words[i].strip(",")
+    words[i] = words[i].replace(core, add_typo(core, rng), 1)
+    if not sep:
+        return " ".join(words)
+    k = len(head.split(" "))
+    return " ".join(words[:k]) + sep + " ".join(words[k + 1:])
+
+
+def rephrase(task: Task | str, phrasings: Phrasings, rng: random.Random) -> str:
+    """A Web Shopping ``task`` written with one of ``phrasings``' templates (its site, level
+    and product unchanged: checked by parsing it back); other tasks are returned as given.
+
+    Raises:
+        ValueError: no phrasing drawn in 20 tries parsed back to the same task (a product
+            the templates cannot hold).
+    """
+    t = task if isinstance(task, Task) else parse_task(task)
+    if t.kind != "webshop":
+        return t.text
+    domain = SITES[t.site].domain
+    for _ in range(20):
+        q = t.query
+        if q is not None:
+            if rng.random() < phrasings.quote_p:
+                mark = rng.choice(("'", '"'))
+                q = f"{mark}{q}{mark}"
+            elif rng.random() < phrasings.article_p:
+                q = f"a {q}"
+        if t.level == 1:
+            text = rng.choice(phrasings.level1).format(d=domain)
+        else:
+            text = rng.choice(phrasings.level2).format(d=domain, q=q)
+            if t.level == 3:
+                text += rng.choice(phrasings.select)
+        if rng.random() < phrasings.lower_p:
+            text = text.lower()
+            if q is not None:  # the product as written, whatever the case
+                text = text.replace(q.lower(), q)
+        else:
+            text = text[:1].upper() + text[1:]
+        if rng.random() < phrasings.typo_p:
+            text = _with_typo(text, rng, q)
+        try:
+            back = parse_task(text)
+        except (UnsupportedTaskError, ValueError):
+            continue
+        if (back.kind, back.site, back.level, back.query) == (t.kind, t.site, t.level, t.query):
+            return text
+    raise ValueError(f"no phrasing of {t.text!r} parsed back to the same task")
+
+
+def rephrase_tasks(tasks: Sequence[str | Task], share: float, seed: int,
+                   phrasings: Phrasings = TRAIN_PHRASINGS) -> list:
+    """``tasks`` (instructions, or parsed tasks: each comes back as it went in) with about
+    ``share`` of the Web Shopping ones rephrased (:func:`rephrase`; a parsed task keeps its
+    setup and teardown), deterministic from ``seed``; the order and the others unchanged."""
+    if not 0.0 <= share <= 1.0:
+        raise ValueError(f"share must be in [0, 1], got {share}")
+    rng = random.Random(seed)
+    out: list = []
+    for task in tasks:
+        if rng.random() >= share:
+            out.append(task)
+        elif isinstance(task, Task):
+            text = rephrase(task, phrasings, rng)
+            out.append(replace(parse_task(text), setup=task.setup, teardown=task.teardown)
+                       if text != task.text else task)
+        else:
+            out.append(rephrase(task, phrasings, rng))
+    return out
