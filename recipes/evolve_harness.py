@@ -24,6 +24,7 @@ from pathlib import Path
 
 from digirl_lite.errors import ConfigError
 from digirl_lite.harness.evolve import QUICK, EvolveConfig, run_evolution
+from digirl_lite.train.evaluate import stage_rates
 
 
 def config_from(args: argparse.Namespace) -> EvolveConfig:
@@ -65,7 +66,7 @@ def main(argv: list[str] | None = None) -> dict:
     except ConfigError as e:
         sys.exit(f"config error: {e}")
     st = summary["stages"]
-    print(" | ".join(f"{k} {100 * v['success_rate']:.1f}%" for k, v in st.items())
+    print(" | ".join(f"{k} {stage_rates(v)}" for k, v in st.items())
           + f" | rules decided {100 * st['evolved']['decided']['rule']:.1f}% of the evolved "
             f"harness's steps; report: {Path(args.out) / 'report.md'}")
     return summary

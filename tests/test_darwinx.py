@@ -469,7 +469,12 @@ def test_the_recipe_evolves_the_frozen_policy_s_harness_end_to_end(tmp_path):
     archive = json.loads((tmp_path / "darwinx" / "archive.json").read_text())
     assert len(archive["nodes"]) == ev["generations"] + 1
     assert (tmp_path / "lineage.png").stat().st_size > 1000
-    assert "## Lineage" in (tmp_path / "report.md").read_text()
+    report = (tmp_path / "report.md").read_text()
+    assert "## Lineage" in report
+    # the simulator's truth beside the judge's pass@1 (issue 32): the oracle agrees
+    for st in s["stages"].values():
+        assert st["truth"] == "environment" and st["true_success_rate"] == st["success_rate"]
+    assert "| true |" in report and report.count("no ground truth") == 0
     from digirl_lite.errors import ConfigError
 
     with pytest.raises(ConfigError, match="not empty"):

@@ -314,9 +314,13 @@ def run_evolution(cfg: EvolveConfig, out: str | Path, resume: bool = False,
         prev.write_text(json.dumps(summary, indent=1, default=float))
         with open(metrics, "a") as f:
             f.write(json.dumps({"stage": f"eval:{name}", "success_rate": rep["success_rate"],
-                                "ci95": rep["ci95"], "decided": rep["decided"],
+                                "ci95": rep["ci95"], "truth": rep["truth"],
+                                "true_success_rate": rep["true_success_rate"],
+                                "decided": rep["decided"],
                                 "online_trajectories": 0, "t": time.time()}) + "\n")
-        log(f"{name}: {100 * rep['success_rate']:.1f}% held-out "
+        from digirl_lite.train.evaluate import stage_rates
+
+        log(f"{name}: {stage_rates(rep)} held-out "
             f"({rep['successes']}/{rep['judged_episodes']}), steps decided by rules "
             f"{100 * rep['decided']['rule']:.1f}%, by xi {100 * rep['decided']['xi']:.1f}%")
 
@@ -386,10 +390,13 @@ def _mean(d: dict[str, float] | None) -> float | None:
 
 def _report(summary: dict[str, Any], lines: list[str]) -> str:
     ev = summary["evolution"]
-    rows = ["| stage | held-out | 95% CI | decided by rules | by xi |", "|---|---|---|---|---|"]
+    rows = ["| stage | held-out (judge) | true | 95% CI | decided by rules | by xi |",
+            "|---|---|---|---|---|---|"]
     for name, r in summary["stages"].items():
+        true = (f"{100 * r['true_success_rate']:.1f}%" if r.get("truth") == "environment"
+                else "no ground truth")
         rows.append(f"| {name} | {100 * r['success_rate']:.1f}% ({r['successes']}/"
-                    f"{r['judged_episodes']}) | {100 * r['ci95'][0]:.1f}-"
+                    f"{r['judged_episodes']}) | {true} | {100 * r['ci95'][0]:.1f}-"
                     f"{100 * r['ci95'][1]:.1f} | {100 * r['decided']['rule']:.1f}% | "
                     f"{100 * r['decided']['xi']:.1f}% |")
     return "\n".join([
