@@ -198,3 +198,6 @@ def test_phrasing_shares_are_checked():
             sim_webshop(**{name: 1.5})
     with pytest.raises(ConfigError, match="phrasing_share"):
         sim_webshop(env="android", phrasing_share=0.5)
+    for name in ("phrasing_share", "sft_phrasing_share"):  # General has no phrasings
+        with pytest.raises(ConfigError, match=f"{name}: the phrasings are Web Shopping's"):
+            sim_webshop(world="general", **{name: 0.5})

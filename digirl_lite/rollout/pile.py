@@ -265,12 +265,9 @@ def generate_demos(
         from digirl_lite.envs.sim.tasks import load_task_file
         from digirl_lite.paths import data_dir
 
-        base = load_task_file(data_dir() / "tasks" / f"{world}_train.txt")
+        tasks = load_task_file(data_dir() / "tasks" / f"{world}_train.txt")
         if varied_products:
-            tasks = (vary_queries if world == "general" else vary_products)(base, n, seed)
-        else:
-            rng = np.random.default_rng(seed)
-            tasks = [base[int(i)] for i in rng.integers(0, len(base), size=n)]
+            tasks = (vary_queries if world == "general" else vary_products)(tasks, n, seed)
         if phrasing_share:
             from digirl_lite.envs.sim.phrasings import rephrase_tasks
 

@@ -697,6 +697,10 @@ class DigiRLConfig:
             if not 0 <= getattr(self, name) <= 1:
                 raise ValueError(f"{name} must be a share in [0, 1], got "
                                  f"{getattr(self, name)}")
+        for name in ("sft_phrasing_share", "phrasing_share"):
+            if getattr(self, name) and self.world != "webshop":
+                raise ConfigError(f"{name}: the phrasings are Web Shopping's; world "
+                                  f"{self.world!r} has none (set it to 0)")
         if self.phrasing_share and self.env != "sim":
             raise ConfigError("phrasing_share: rephrasing train tasks is the simulated "
                               f"phone's (env='sim'), not env={self.env!r}'s")

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from digirl_lite.envs.sim.catalog import SITES
-from digirl_lite.envs.sim.tasks import Task, UnsupportedTaskError, parse_task
+from digirl_lite.envs.sim.tasks import TYPO_KEYWORDS, Task, UnsupportedTaskError, parse_task
 
 __all__ = ["Phrasings", "TRAIN_PHRASINGS", "HELD_OUT_PHRASINGS", "rephrase", "rephrase_tasks",
            "add_typo"]
@@ -74,9 +74,9 @@ HELD_OUT_PHRASINGS = Phrasings(
     quote_p=0.3, article_p=0.3, lower_p=0.7, typo_p=0.4,
 )
 
-_TYPO_WORDS = ("search", "select", "first", "entry", "result", "listing", "product", "look",
-               "find", "open", "click", "choose", "pick", "need", "show", "visit", "please",
-               "take", "bring", "pull", "option", "item", "head", "shop", "match")
+# The words a typo may hit: the parser's (it reads them back), less "then" and "want" (the
+# shipped split was drawn without them).
+_TYPO_WORDS = tuple(k for k in TYPO_KEYWORDS if k not in ("then", "want"))
 
 
 def add_typo(word: str, rng: random.Random) -> str:

@@ -273,7 +273,7 @@ _FREE_L23 = tuple(re.compile(p, re.I | re.S) for p in (
 _ARTICLE = re.compile(r"^(?:a|an|the|some)\s+", re.I)
 # The words around a product that a typo may hit; a word of 4+ letters one edit (insert,
 # delete, substitute, swap two neighbours) from one of these is read as it.
-_KEYWORDS = ("search", "select", "first", "entry", "result", "listing", "product", "look",
+TYPO_KEYWORDS = ("search", "select", "first", "entry", "result", "listing", "product", "look",
              "find", "open", "click", "choose", "pick", "need", "want", "show", "visit", "please",
              "then", "take", "bring", "pull", "option", "item", "head", "shop", "match")
 
@@ -291,7 +291,7 @@ def _one_edit(a: str, b: str) -> bool:
 
 
 def _fix_typos(text: str) -> str:
-    """``text`` with each unquoted word one edit from a keyword (:data:`_KEYWORDS`) read as
+    """``text`` with each unquoted word one edit from a keyword (:data:`TYPO_KEYWORDS`) read as
     the keyword, its case and punctuation kept; words with digits, dots or hyphens (model
     numbers, domains) and quoted products are left alone."""
     out, quote = [], None
@@ -300,9 +300,8 @@ def _fix_typos(text: str) -> str:
         if quote is None and tok[:1] in _QUOTES:
             quote = tok[0]
         if (quote is None and len(core) >= 4 and core.isalpha()
-                and core.lower() not in _KEYWORDS):
-            hit = next((k for k in _KEYWORDS if len(k) >= 4 and _one_edit(core.lower(), k)),
-                       None)
+                and core.lower() not in TYPO_KEYWORDS):
+            hit = next((k for k in TYPO_KEYWORDS if _one_edit(core.lower(), k)), None)
             if hit is not None:
                 tok = tok.replace(core, hit.capitalize() if core[:1].isupper() else hit, 1)
         if quote is not None and any(c in _QUOTES[quote] for c in tok[1:]):
