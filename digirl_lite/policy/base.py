@@ -54,13 +54,15 @@ class Policy(Protocol):
 
     def sample(self, prompts: Sequence[str], screens: Any, temperature: float = 1.0,
                max_new_tokens: int = 128, generator_seed: int | None = None,
-               constrained: bool = False) -> list[Sample]:
+               constrained: bool = False, copy_text: bool = False) -> list[Sample]:
         """Batched sampling: each action's text, token ids (eos included) and per-token
-        log-probabilities as drawn."""
+        log-probabilities as drawn. ``constrained``: only strings that parse
+        (:mod:`~digirl_lite.policy.grammar`); ``copy_text``: typed text is a span of the
+        prompt's goal (:mod:`~digirl_lite.policy.copying`)."""
 
     def act(self, prompts: Sequence[str], screens: Any, temperature: float = 1.0,
             max_new_tokens: int = 128, generator_seed: int | None = None,
-            constrained: bool = False) -> list[str]:
+            constrained: bool = False, copy_text: bool = False) -> list[str]:
         """:meth:`sample`'s texts."""
 
     def log_prob(self, prompts: Sequence[str], screens: Any, actions: Sequence[str],

@@ -114,7 +114,7 @@ class AutoUIPolicy:
     @torch.no_grad()
     def act(self, prompts: Sequence[str], image_features: Any, temperature: float = 1.0,
             max_new_tokens: int = 128, generator_seed: int | None = None,
-            constrained: bool = False) -> list[str]:
+            constrained: bool = False, copy_text: bool = False) -> list[str]:
         """Sample one action string per prompt (temperature 0: greedy); :meth:`sample` for
         the token ids and their log-probabilities too.
 
@@ -127,15 +127,18 @@ class AutoUIPolicy:
             constrained: sample only strings that parse to a valid action, ending within
                 ``max_new_tokens`` (:mod:`digirl_lite.policy.grammar`: the model's
                 distribution renormalised over the allowed tokens at each step).
+            copy_text: a TYPE action's text is a span of the prompt's ``Goal:``
+                (:mod:`digirl_lite.policy.copying`).
         """
         return [s.text for s in self.sample(prompts, image_features, temperature,
-                                            max_new_tokens, generator_seed, constrained)]
+                                            max_new_tokens, generator_seed, constrained,
+                                            copy_text=copy_text)]
 
     @torch.no_grad()
     def sample(self, prompts: Sequence[str], image_features: Any, temperature: float = 1.0,
                max_new_tokens: int = 128, generator_seed: int | None = None,
-               constrained: bool = False, row_seeds: Sequence[int] | None = None
-               ) -> list[Sample]:
+               constrained: bool = False, row_seeds: Sequence[int] | None = None,
+               copy_text: bool = False) -> list[Sample]:
         """:meth:`act`'s draws with what the learner of an on-policy method needs: each
         action's token ids and their log-probabilities as sampled (:class:`Sample`).
         ``row_seeds``: one seed per prompt, each row drawn from its own generator (what a
@@ -154,6 +157,10 @@ class AutoUIPolicy:
             from digirl_lite.policy.grammar import action_logits_processor
 
             processors.append(action_logits_processor(self.tokenizer, max_new_tokens))
+        if copy_text:  # after the grammar: it never empties a row the grammar left open
+            from digirl_lite.policy.copying import copy_logits_processor
+
+            processors.append(copy_logits_processor(self.tokenizer, prompts))
         if temperature > 0:  # sampled (digirl_lite.policy.sampling), the greedy loop picks it
             from digirl_lite.policy.sampling import CategoricalSampler
 

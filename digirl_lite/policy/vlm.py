@@ -353,14 +353,14 @@ class VLMPolicy:
     @torch.no_grad()
     def act(self, prompts: Sequence[str], screens: Any, temperature: float = 1.0,
             max_new_tokens: int = 128, generator_seed: int | None = None,
-            constrained: bool = False) -> list[str]:
+            constrained: bool = False, copy_text: bool = False) -> list[str]:
         return [s.text for s in self.sample(prompts, screens, temperature, max_new_tokens,
-                                            generator_seed, constrained)]
+                                            generator_seed, constrained, copy_text=copy_text)]
 
     @torch.no_grad()
     def sample(self, prompts: Sequence[str], screens: Any, temperature: float = 1.0,
                max_new_tokens: int = 128, generator_seed: int | None = None,
-               constrained: bool = False) -> list[Sample]:
+               constrained: bool = False, copy_text: bool = False) -> list[Sample]:
         """One reply per prompt (temperature 0: greedy), with its token ids (eos included)
         and their log-probabilities as drawn."""
         from transformers import GenerationConfig, LogitsProcessorList
@@ -378,6 +378,11 @@ class VLMPolicy:
 
             processors.append(action_logits_processor(self.tokenizer, max_new_tokens,
                                                       prompt_length=plen))
+        if copy_text:
+            from digirl_lite.policy.copying import copy_logits_processor
+
+            processors.append(copy_logits_processor(self.tokenizer, prompts,
+                                                    prompt_length=plen))
         if temperature > 0:
             from digirl_lite.policy.sampling import CategoricalSampler
 

@@ -328,6 +328,13 @@ class DigiRLConfig:
     action ending within ``max_new_tokens``) in the pile, collection and evaluation (this
     project, issue 16: off in the paper, where malformed strings are idle steps). The actor
     is trained on the model's own, unconstrained likelihood either way."""
+    copy_typed_text: bool = False
+    """The text of a TYPE action is a span of the instruction (:mod:`digirl_lite.policy.
+    copying`: starting and ending at word boundaries, compared case-insensitively) in the
+    pile, collection and evaluation; with or without ``constrained_decoding`` (issue 32, item
+    5: the tiny policy misspells and mis-cuts products in phrasings it was not trained on).
+    For tasks whose typed text is written in the instruction (every simulator task; not a
+    reply or a translation). The actor is trained on the unmasked likelihood either way."""
     capacity: int = 5000
     """Replay buffer size in trajectories (paper: 5,000)."""
     critic_updates: int = 5
@@ -828,6 +835,10 @@ class DigiRLConfig:
                               "log-probabilities under the distribution it scores, and the "
                               "grammar mask changes them; run it with constrained_decoding "
                               "false")
+        if self.copy_typed_text:
+            raise ConfigError(f"copy_typed_text: algorithm={a!r} needs the recorded "
+                              "log-probabilities under the distribution it scores, and the "
+                              "copy mask changes them; run it with copy_typed_text false")
         if self.policy == "vlm" and self.vlm_dtype != "fp32":
             raise ConfigError(f"vlm_dtype={self.vlm_dtype!r}: algorithm={a!r} needs the "
                               "recorded log-probabilities to be the scored ones, and a bf16 "

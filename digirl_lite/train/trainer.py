@@ -79,10 +79,11 @@ class PolicyBatchAgent:
     one sampling call for every phone of the batch."""
 
     def __init__(self, policy, features, screens: ScreenTable, temperature: float = 1.0,
-                 max_new_tokens: int = 64, constrained: bool = False) -> None:
+                 max_new_tokens: int = 64, constrained: bool = False,
+                 copy_text: bool = False) -> None:
         self.policy, self.features, self.screens = policy, features, screens
         self.temperature, self.max_new_tokens = temperature, max_new_tokens
-        self.constrained = constrained
+        self.constrained, self.copy_text = constrained, copy_text
         self.seconds = 0.0  # time spent in act_batch (features + sampling): "inference"
         self.calls = 0
 
@@ -105,7 +106,8 @@ class PolicyBatchAgent:
         drawn = self.policy.sample([o.prompt for o in observations], inputs,
                                    temperature=self.temperature,
                                    max_new_tokens=self.max_new_tokens,
-                                   constrained=self.constrained)
+                                   constrained=self.constrained,
+                                   **({"copy_text": True} if self.copy_text else {}))
         self.seconds += time.perf_counter() - t0
         self.calls += 1
         # strings that carry their tokens and log-probabilities onto the steps (issue 17)
@@ -400,7 +402,7 @@ class Trainer:
         return PolicyBatchAgent(self.policy, self.features,
                                 screens if screens is not None else self.screens,
                                 self.cfg.temperature, self.cfg.max_new_tokens,
-                                self.cfg.constrained_decoding)
+                                self.cfg.constrained_decoding, self.cfg.copy_typed_text)
 
     def _train_tasks(self):
         return self.phones.train_tasks
@@ -486,6 +488,7 @@ class Trainer:
         devices += (("surprises", sorted(c.sim_surprises.items())),) if c.sim_surprises else ()
         devices += (("faults", sorted(c.sim_faults.items())),) if c.sim_faults else ()
         devices += (("phrasing", c.phrasing_share),) if c.phrasing_share else ()
+        devices += (("copy_typed_text", True),) if c.copy_typed_text else ()
         return self._cache_key("pile-v3", c.world, c.seed, c.pile_size, c.judge, c.temperature,
                                c.constrained_decoding, c.max_new_tokens, c.horizon, c.task_file,
                                policy_id, *devices)
@@ -840,7 +843,8 @@ class Trainer:
             self._collect_screens = ScreenTable(self.img_dim)
         self._collect_agent = PolicyBatchAgent(
             self._behaviour, FeatureCache(self.features.encoder, max_items=4096),
-            self._collect_screens, c.temperature, c.max_new_tokens, c.constrained_decoding)
+            self._collect_screens, c.temperature, c.max_new_tokens, c.constrained_decoding,
+            c.copy_typed_text)
         fleet = self.fleet()
         fleet.policy_version = self.iteration
         seed = int(self.rng.integers(0, 2**31 - 1))

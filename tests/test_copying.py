@@ -1,0 +1,197 @@
+"""Copy-constrained typing (digirl_lite.policy.copying, issue 32 item 5): a TYPE action's text
+is a span of the instruction, word-aligned, compared case-insensitively; the mask binds only
+inside a TYPE's typed text and never empties a row the grammar left open."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+import torch
+
+from digirl_lite.actions import Action, ActionType, format_action, parse_action
+from digirl_lite.paths import data_dir
+from digirl_lite.policy import AutoUIPolicy, SPTokenizer
+from digirl_lite.policy.copying import copy_logits_processor, span_ok
+from digirl_lite.policy.grammar import action_logits_processor
+from digirl_lite.policy.tokenizer import SIM_TOKENIZER_FILE
+from digirl_lite.prompts import build_prompt
+
+AITW = Path(__file__).resolve().parents[2] / "shared" / "data" / "aitw_tasks"
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return SPTokenizer(data_dir() / "tokenizer" / SIM_TOKENIZER_FILE)
+
+
+@pytest.mark.parametrize("text,complete,want", [
+    ("crucial mx500 ssd", True, True),
+    ("Crucial MX500 SSD", True, True),  # case-insensitive, like the simulator's search box
+    ("a crucial mx500 ssd", True, True),  # a span (which span is the model's choice)
+    ("up a crsunial mx500 ssd", True, False),  # a misspelling (measured on the split)
+    ("crucial mx5", True, False),  # ends inside a word
+    ("crucial mx5", False, True),  # ... but may still grow into a span
+    ("rucial", False, False),  # starts inside a word
+    ("ssd ssd", False, False),  # a stutter
+    ("ebay.com", True, True),
+    ("", True, False),
+    ("", False, True),
+])
+def test_span_rule(text, complete, want):
+    assert span_ok("At ebay.com, look up a crucial mx500 ssd", text, complete) is want
+
+
+def _lines():
+    files = sorted((data_dir() / "tasks").glob("*.txt"))
+    files += sorted(AITW.glob("*.txt")) if AITW.is_dir() else []
+    assert len(files) >= 6
+    for f in files:
+        for line in f.read_text(encoding="utf-8").splitlines():
+            if line.strip():
+                yield f.name, line
+
+
+def test_what_the_expert_types_is_a_span_of_every_task_line():
+    """The premise of the mask: on every shipped list and split, and every AitW line the
+    simulator reads, the texts the simulator's expert types (the query, the shop's address)
+    are spans of the instruction."""
+    from digirl_lite.envs.sim.catalog import SITES
+    from digirl_lite.envs.sim.tasks import UnsupportedTaskError, parse_task
+
+    checked, bad = 0, []
+    for name, line in _lines():
+        try:
+            task = parse_task(line)
+        except UnsupportedTaskError:
+            continue  # AitW lines outside the simulator
+        typed = [t for t in (task.query, SITES[task.site].domain if task.site else None) if t]
+        for text in typed:
+            checked += 1
+            if not span_ok(line, text):
+                bad.append((name, line, text))
+    assert checked > 1500
+    assert not bad, bad[:5]
+
+
+def _type_head(tok) -> list[int]:
+    """The ids of a TYPE action up to (and including) its typed text's opening quote."""
+    full = tok([format_action(Action.type_text("x"))], max_length=None)["input_ids"][0].tolist()
+    ids = full[:-3]  # "x", the closing quote, eos
+    assert tok.batch_decode([ids])[0].endswith('"typed_text": "')
+    return ids
+
+
+def test_random_scores_type_only_spans(tok):
+    """Whatever the model's scores, under the grammar and the copy mask every TYPE written is
+    a span of its own row's instruction, and no row is ever left without a token."""
+    instructions = ["At ebay.com, look up a Crucial MX500 SSD",
+                    "i need keychron k2 keyboard from bestbuy.com and grab the top match",
+                    "What's the news in Chile?",
+                    'Go to newegg.com, search for "Sony WH-CH720N headphones"']
+    b = 48
+    rows = [instructions[i % len(instructions)] for i in range(b)]
+    prompts = [build_prompt(r) for r in rows]
+    head = _type_head(tok)
+    gen = torch.Generator().manual_seed(0)
+    grammar = action_logits_processor(tok, 64)
+    copy = copy_logits_processor(tok, prompts)
+    ids = torch.tensor([[0] + head] * b)
+    for _ in range(40):
+        scores = torch.randn(b, tok.vocab_size, generator=gen) * 3
+        scores = copy(ids, grammar(ids, scores))
+        assert torch.isfinite(scores).any(dim=1).all()
+        ids = torch.cat([ids, scores.argmax(-1, keepdim=True)], 1)
+    texts = []
+    for row, s in zip(rows, tok.batch_decode(ids[:, 1:])):
+        a = parse_action(s)
+        assert a.action_type is ActionType.TYPE, s
+        assert span_ok(row, a.typed_text), (row, a.typed_text)
+        texts.append(a.typed_text.lower())
+    assert len(set(texts)) > 8  # the mask leaves the choice of span to the scores
+
+
+def test_without_the_mask_random_scores_leave_the_spans(tok):
+    """The test above can fail: the grammar alone types text no span allows."""
+    head = _type_head(tok)
+    gen = torch.Generator().manual_seed(0)
+    grammar = action_logits_processor(tok, 64)
+    ids = torch.tensor([[0] + head] * 16)
+    for _ in range(64 - len(head)):
+        scores = grammar(ids, torch.randn(16, tok.vocab_size, generator=gen) * 3)
+        ids = torch.cat([ids, scores.argmax(-1, keepdim=True)], 1)
+    acts = [parse_action(s) for s in tok.batch_decode(ids[:, 1:])]
+    assert not all(span_ok("At ebay.com, look up a Crucial MX500 SSD", a.typed_text)
+                   for a in acts)
+
+
+def test_no_span_leaves_the_row_to_the_grammar(tok):
+    """An instruction with no word to copy: the copy rule allows nothing the grammar does
+    (an empty TYPE text), so the row keeps the grammar's mask and still parses."""
+    prompts = [build_prompt("?!")] * 2 + ["no goal in this prompt"] * 2
+    head = _type_head(tok)
+    grammar = action_logits_processor(tok, 64)
+    copy = copy_logits_processor(tok, prompts)
+    ids = torch.tensor([[0] + head] * 4)
+    gen = torch.Generator().manual_seed(1)
+    for _ in range(64 - len(head)):  # the grammar's budget: it ends the action within 64
+        g = grammar(ids, torch.randn(4, tok.vocab_size, generator=gen))
+        s = copy(ids, g.clone())
+        assert torch.equal(torch.isfinite(s), torch.isfinite(g))
+        ids = torch.cat([ids, s.argmax(-1, keepdim=True)], 1)
+    for s in tok.batch_decode(ids[:, 1:]):
+        assert parse_action(s).action_type is ActionType.TYPE
+
+
+@pytest.fixture(scope="module")
+def shipped():
+    return AutoUIPolicy.load(data_dir() / "policies" / "sft-webshop")
+
+
+def test_shipped_policy_types_spans_and_is_untouched_elsewhere(shipped):
+    """The shipped policy on expert screens whose goals are rewritten in held-out phrasings,
+    sampled: with ``copy_text`` every TYPE is a span of its goal; every row whose unmasked
+    draw (same per-row stream) is not a TYPE is drawn the same with the mask (it binds only
+    inside a typed text)."""
+    from digirl_lite.envs.sim.phrasings import HELD_OUT_PHRASINGS, rephrase
+    from digirl_lite.envs.sim.tasks import parse_task
+    from digirl_lite.prompts import task_from_prompt
+    from digirl_lite.rollout.pile import generate_demos
+    from digirl_lite.vision.sim_encoder import SimScreenEncoder
+
+    trajs, screens, _ = generate_demos("webshop", n=8, seed=0)
+    steps = [s for t in trajs for s in t.steps][:48]
+    goals, prompts = [], []
+    for i, st in enumerate(steps):
+        task = task_from_prompt(st.prompt)
+        goal = rephrase(parse_task(task), HELD_OUT_PHRASINGS, random.Random(i))
+        goals.append(goal)
+        prompts.append(st.prompt.replace(task, goal))
+    feats = torch.from_numpy(SimScreenEncoder(dim=512, seed=0).encode(
+        [screens.image(st.screen_id) for st in steps]))
+    n_type = n_same = 0
+    for rep in range(2):
+        kw = dict(temperature=1.0, max_new_tokens=64, constrained=True,
+                  row_seeds=[i + 100 * rep for i in range(len(steps))])
+        free = shipped.sample(prompts, feats, **kw)
+        masked = shipped.sample(prompts, feats, copy_text=True, **kw)
+        for g, f, m in zip(goals, free, masked):
+            fa, ma = parse_action(f.text), parse_action(m.text)
+            if ma.action_type is ActionType.TYPE:
+                n_type += 1
+                assert span_ok(g, ma.typed_text), (g, ma.typed_text)
+            if fa.action_type is not ActionType.TYPE:
+                n_same += 1
+                assert m.text == f.text and m.token_ids == f.token_ids
+    assert n_type >= 5 and n_same >= 20
+
+
+def test_on_policy_learners_refuse_the_mask():
+    from digirl_lite.errors import ConfigError
+    from digirl_lite.train.config import sim_quick
+
+    for algo in ("ppo", "grpo"):
+        with pytest.raises(ConfigError, match="copy_typed_text"):
+            sim_quick(algorithm=algo, copy_typed_text=True)
+    assert sim_quick(copy_typed_text=True).copy_typed_text
