@@ -89,6 +89,13 @@ class DigiRLConfig:
     they were sampled, and train neither DigiRL critic."""
     judge: dict[str, Any] = field(default_factory=lambda: {"judge": "oracle"})
     """Judge config (digirl_lite.envs.judges.make_judge); default: the simulator's oracle."""
+    eval_judge: dict[str, Any] | None = None
+    """The judge of the evaluations (copier, offline, ``online-k``, online, splits); None: the
+    run's ``judge``. A judge ends an episode where it says "success", so a noisy judge
+    evaluating its own run cuts the episodes it wrongly passes short: to measure on ground
+    truth what a run trained on a noisy judge learned, evaluate with the simulator's oracle
+    (``{"judge": "oracle"}``; issue 32, item 2). The pile and the online phase keep
+    ``judge``. For ``env`` "sim" (a second set of simulated phones runs the evaluations)."""
     n_envs: int = 16
     """Phones in the fleet (one batched policy call per step)."""
     fleet: str = "local"
@@ -686,6 +693,10 @@ class DigiRLConfig:
             if getattr(self, f) <= 0:
                 raise ValueError(f"{f} must be positive")
         self._check_splits()
+        if self.eval_judge is not None and self.env != "sim":
+            raise ConfigError(f"eval_judge: an evaluation judge of its own needs env 'sim' (a "
+                              f"second set of simulated phones), not env={self.env!r}; leave "
+                              "it null to evaluate with the run's judge")
         if self.max_unjudged_steps < 0:
             raise ValueError("max_unjudged_steps must be >= 0 (0: never stop)")
         if self.max_unjudged_s < 0:
@@ -943,11 +954,14 @@ class DigiRLConfig:
                     if getattr(self, name) is None:
                         missing.append(f"{name}: required with emulators (the AitW lists; the "
                                        "shipped lists are the simulator's)")
-        try:
-            check_judge(self.judge, self.env, self.android.get("reset", "home")
-                        if self.env == "android" else None)
-        except ConfigError as e:
-            missing.append(str(e))
+        for name in ("judge", "eval_judge"):
+            if name == "eval_judge" and self.eval_judge is None:
+                continue
+            try:
+                check_judge(getattr(self, name), self.env, self.android.get("reset", "home")
+                            if self.env == "android" else None)
+            except ConfigError as e:
+                missing.append(f"{name}: {e}" if name == "eval_judge" else str(e))
         if missing:
             raise ConfigError("this configuration cannot run:\n  " + "\n  ".join(missing))
 

@@ -19,6 +19,7 @@ its weights to the phones (:meth:`Trainer.online_iteration`).
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import os
 import random
@@ -147,7 +148,8 @@ class _StageFleet:
         self.trainer, self.stage = trainer, stage
 
     def collect(self, agent, tasks, screens, **kw):
-        return self.trainer._collect(self.stage, agent, tasks, screens, **kw)
+        return self.trainer._collect(self.stage, agent, tasks, screens,
+                                     fleet=self.trainer.eval_fleet(), **kw)
 
 
 class Trainer:
@@ -183,6 +185,8 @@ class Trainer:
         from digirl_lite.envs.judges import probe_judge
 
         probe_judge(cfg.judge)  # a VLM judge that does not answer: refused in seconds
+        if cfg.eval_judge is not None:
+            probe_judge(cfg.eval_judge)
         self.cfg = cfg
         self.out = Path(out_dir)
         self.out.mkdir(parents=True, exist_ok=True)
@@ -246,6 +250,7 @@ class Trainer:
                                         "unjudged_steps": {}}
         self.curve: list[tuple[int, float]] = []
         self._fleet = None
+        self._eval_fleet = None  # eval_judge's phones (None: the evaluations use fleet())
         self._fleet_before: dict[str, Any] = {}  # what the fleets of earlier attempts survived
         self._tb = None
         # learner "async": the background collection (see online_iteration)
@@ -360,17 +365,35 @@ class Trainer:
         if self._fleet is None:
             from digirl_lite.rollout import make_fleet
 
-            c = self.cfg
-            opts = {"max_unjudged_steps": c.max_unjudged_steps,
-                    "max_unjudged_s": c.max_unjudged_s,
-                    "max_task_attempts": c.max_task_attempts,
-                    "quarantine_after": c.quarantine_after,
-                    "quarantine_probe_s": c.quarantine_probe_s, **c.fleet_options}
-            if self.phones.down:  # endpoints unreachable at the start: in when they answer
-                opts["quarantined"] = self.phones.down
             self._fleet = make_fleet(self.cfg.fleet, self.phones.make_env, self.phones.n,
-                                     **opts)
+                                     **self._fleet_options())
         return self._fleet
+
+    def _fleet_options(self) -> dict[str, Any]:
+        c = self.cfg
+        opts = {"max_unjudged_steps": c.max_unjudged_steps,
+                "max_unjudged_s": c.max_unjudged_s,
+                "max_task_attempts": c.max_task_attempts,
+                "quarantine_after": c.quarantine_after,
+                "quarantine_probe_s": c.quarantine_probe_s, **c.fleet_options}
+        if self.phones.down:  # endpoints unreachable at the start: in when they answer
+            opts["quarantined"] = self.phones.down
+        return opts
+
+    def eval_fleet(self):
+        """The evaluations' fleet: :meth:`fleet` itself, or with ``eval_judge`` a fleet of
+        simulated phones like the run's (same seeds, tasks, surprises) judged by it."""
+        if self.cfg.eval_judge is None:
+            return self.fleet()
+        if self._eval_fleet is None:
+            from digirl_lite.envs.setup import make_phones
+            from digirl_lite.rollout import make_fleet
+
+            cfg = dataclasses.replace(self.cfg, judge=self.cfg.eval_judge, eval_judge=None)
+            phones = make_phones(cfg, seed=self.cfg.seed + 7919 * self.rank, probe=False)
+            self._eval_fleet = make_fleet(self.cfg.fleet, phones.make_env, phones.n,
+                                          **self._fleet_options())
+        return self._eval_fleet
 
     def _save_fleet_stats(self) -> None:
         """``fleet.json``: what the run's fleets survived so far, all attempts (process 0,
@@ -390,9 +413,10 @@ class Trainer:
         """Stop the fleet's workers (threads, processes, Ray actors), the emulators this run
         started, and TensorBoard."""
         self._collecting = False  # close() stops the background collection too
-        if self._fleet is not None:
-            self._fleet.close()
-            self._fleet = None
+        for name in ("_fleet", "_eval_fleet"):
+            if getattr(self, name) is not None:
+                getattr(self, name).close()
+                setattr(self, name, None)
         self.phones.close()
         if self._tb is not None:
             self._tb.close()
@@ -547,8 +571,10 @@ class Trainer:
         return self.cfg.day + int(np.floor(k * self.cfg.days_per_iteration + 1e-9))
 
     def _collect(self, stage: str, agent: PolicyBatchAgent, tasks: Sequence[Any],
-                 screens: ScreenTable, *, id_prefix: str, seed: int = 0, **kw: Any):
-        """``fleet.collect`` for ``stage``, counting unjudged steps. Episode ``k`` of
+                 screens: ScreenTable, *, id_prefix: str, seed: int = 0, fleet: Any = None,
+                 **kw: Any):
+        """``fleet.collect`` for ``stage`` (``fleet``: :meth:`fleet` when None), counting
+        unjudged steps. Episode ``k`` of
         ``tasks`` is ``{id_prefix}-{k:05d}`` with env seed ``seed + k`` whatever the number
         of processes: with N processes each collects its own contiguous share and the
         episodes (and their screens) are exchanged, so every process returns all of them.
@@ -571,9 +597,9 @@ class Trainer:
                     bar.update()
 
             try:
-                episodes = self.fleet().collect(agent, list(tasks[a:b]), screens,
-                                                id_prefix=id_prefix, seed=seed + a,
-                                                on_step=started, **kw)
+                episodes = (fleet if fleet is not None else self.fleet()).collect(
+                    agent, list(tasks[a:b]), screens, id_prefix=id_prefix, seed=seed + a,
+                    on_step=started, **kw)
             except (JudgeUnavailable, NoDevicesLeft) as e:
                 episodes, stopped = e.episodes, self._why_stopped(e)
         if self.world > 1:
