@@ -51,16 +51,16 @@ def _examples(lines: list[str]) -> list[tuple[str, str]]:
     return out
 
 
-def _span(tokenizer, text: str, query: str) -> tuple[dict, int, int] | None:
-    """The tokenised instruction and the token positions of the query's first and last
-    pieces (its case-insensitive occurrence), or None where it does not occur."""
+def _span(tokenizer, text: str, query: str) -> tuple[int, int] | None:
+    """The token positions of the query's first and last pieces in the tokenised
+    instruction (its case-insensitive occurrence), or None where it does not occur."""
     i = text.lower().find(query.lower())
     if i < 0:
         return None
     j = i + len(query)
     enc = tokenizer(text, return_offsets_mapping=True, truncation=True, max_length=64)
     toks = [k for k, (a, b) in enumerate(enc["offset_mapping"]) if b > a and a < j and b > i]
-    return (enc, toks[0], toks[-1]) if toks else None
+    return (toks[0], toks[-1]) if toks else None
 
 
 class SpanModel(torch.nn.Module):
@@ -74,12 +74,6 @@ class SpanModel(torch.nn.Module):
         logits = self.head(h)  # (B, T, 2)
         pad = ~attention_mask.bool()
         return (logits[..., 0].masked_fill(pad, -1e9), logits[..., 1].masked_fill(pad, -1e9))
-
-
-def _batch(tokenizer, rows):
-    enc = tokenizer([r[0] for r in rows], padding=True, truncation=True, max_length=64,
-                    return_tensors="pt")
-    return enc
 
 
 def _predict(model, tokenizer, examples, batch=64) -> float:
@@ -123,12 +117,13 @@ def train_and_score(kind: str, train, lists, steps: int, seed: int, lr: float) -
     for text, query in train:
         got = _span(tokenizer, text, query)
         if got is not None:
-            labelled.append((text, got[1], got[2]))
+            labelled.append((text, *got))
     rng = random.Random(seed)
     t0 = time.perf_counter()
     for _ in range(steps):
         rows = rng.sample(labelled, 32)
-        enc = _batch(tokenizer, rows)
+        enc = tokenizer([r[0] for r in rows], padding=True, truncation=True, max_length=64,
+                        return_tensors="pt")
         s, e = model(enc["input_ids"], enc["attention_mask"])
         a = torch.tensor([r[1] for r in rows])
         b = torch.tensor([r[2] for r in rows])
@@ -153,7 +148,6 @@ def main(argv: list[str] | None = None) -> dict:
                          "varied_phrasing arm's sft_phrasing_share)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
-    torch.set_num_threads(max(1, torch.get_num_threads()))
     tasks = data_dir() / "tasks"
 
     def read(name: str) -> list[str]:
