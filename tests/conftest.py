@@ -35,6 +35,11 @@ def _skip_reason(longrepr) -> str:
     return str(longrepr)
 
 
+def pytest_runtest_setup(item):
+    if item.get_closest_marker("gpu") is not None and not _cuda():
+        pytest.skip("needs a CUDA device (torch sees none)")
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     outcome = yield

@@ -44,8 +44,9 @@ def tiny_blip2_dir(path, hidden: int = 32, seed: int = 0):
     return Path(path), model
 
 
-def tiny_roberta_dir(path, hidden: int = 32):
-    """A random 2-layer RoBERTa and a WordLevel tokenizer saved to ``path`` (offline)."""
+def tiny_roberta_dir(path, hidden: int = 32, positions: int = 40):
+    """A random 2-layer RoBERTa and a WordLevel tokenizer saved to ``path`` (offline);
+    ``positions``: its position table (texts of up to ``positions - 2`` tokens)."""
     import torch
     from tokenizers import Tokenizer, models, pre_tokenizers, processors
     from transformers import PreTrainedTokenizerFast, RobertaConfig, RobertaModel
@@ -62,7 +63,8 @@ def tiny_roberta_dir(path, hidden: int = 32):
                             model_max_length=512).save_pretrained(path)
     torch.manual_seed(0)
     cfg = RobertaConfig(vocab_size=len(vocab), hidden_size=hidden, num_hidden_layers=2,
-                        num_attention_heads=2, intermediate_size=64, max_position_embeddings=40)
+                        num_attention_heads=2, intermediate_size=64,
+                        max_position_embeddings=positions)
     RobertaModel(cfg).save_pretrained(path)
     return path
 

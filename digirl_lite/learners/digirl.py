@@ -66,9 +66,10 @@ class DigiRL(Learner):
         s_loss = i_loss = float("nan")
         # the prompts' embeddings: with N processes each encodes 1/N of the new ones
         run.text.warm_shared(buffer_texts(trajs))
+        dev = run.accelerator.device  # the critics' (Trainer)
         batches = step_batches(trajs, run.screens, run.text, c.critic_batch, rng=self.rng,
-                               drop_last=False)
-        ib = instruction_batch(trajs, run.text)
+                               drop_last=False, device=dev)
+        ib = instruction_batch(trajs, run.text, device=dev)
         run.step_critic.train()
         run.instr_critic.train()
         accum = c.grad_accum  # step-critic minibatches per update (released: 32)
@@ -79,7 +80,7 @@ class DigiRL(Learner):
                 b = next(batches, None)
                 if b is None:
                     batches = step_batches(trajs, run.screens, run.text, c.critic_batch,
-                                           rng=self.rng)
+                                           rng=self.rng, device=dev)
                     b = next(batches)
                 loss = step_critic_loss(run.step_critic, b, c.critic_loss) / accum
                 s_loss += float(loss.detach())

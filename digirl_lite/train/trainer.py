@@ -224,9 +224,11 @@ class Trainer:
         self.features = FeatureCache(encoder)
         self.text = EmbeddingCache(self._text_encoder())
         d_t, d_i = self.text.encoder.dim, self.img_dim
+        # the critics learn where the policy does (``device``); their batches follow them
+        dev = self.accelerator.device
         self.step_critic = StepCritic(d_t, d_i, hidden=cfg.critic_hidden,
-                                      init_value=cfg.critic_init_value)
-        self.instr_critic = InstructionCritic(d_t, init_value=cfg.critic_init_value)
+                                      init_value=cfg.critic_init_value).to(dev)
+        self.instr_critic = InstructionCritic(d_t, init_value=cfg.critic_init_value).to(dev)
         self.critic_opt = torch.optim.Adam(
             list(self.step_critic.parameters()) + list(self.instr_critic.parameters()),
             lr=cfg.critic_lr)
