@@ -330,6 +330,11 @@ def test_eval_judge_evaluates_on_ground_truth_while_the_noisy_judge_labels_the_p
     assert len(pile) == 8
     # at a per-step false-success rate of 0.5 the pile's labels are the noisy judge's
     assert any(x.is_success and not x.true_success for x in pile)
+    # fleet.json counts the evaluations' phones too: the pile and both evaluations
+    evaluated = sum(summary["stages"][s]["episodes"] for s in ("copier", "offline"))
+    assert evaluated == 16
+    assert summary["fleet"]["episodes"] == len(pile) + evaluated
+    assert json.loads((out / "fleet.json").read_text())["episodes"] == len(pile) + evaluated
 
 
 def test_eval_judge_is_checked_before_any_work():

@@ -33,14 +33,13 @@ the recorded probabilities to be the scored ones, refuse it.
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 from transformers import LogitsProcessor
 
-from digirl_lite.policy.grammar import MARKER, SEP_TEXT, _vocabulary
+from digirl_lite.policy.grammar import MARKER, SEP_TEXT, _vocabulary, per_tokenizer
 from digirl_lite.prompts import task_from_prompt
 
 __all__ = ["CopyLogitsProcessor", "CopyVocabulary", "copy_logits_processor", "span_ok"]
@@ -78,7 +77,13 @@ def span_ok(instruction: str, text: str, complete: bool = True) -> bool:
     src, t = _source(instruction), text.lower()
     if not t:
         return not complete
-    qs = _continuations(src, _word_starts(src), t)
+    return _keeps_to(src, _word_starts(src), t, complete)
+
+
+def _keeps_to(src: str, starts: Sequence[int], t: str, complete: bool) -> bool:
+    """The rule on a non-empty lower-cased ``t``: a span of ``src`` from one of ``starts``,
+    ending at a word end (``complete``), or one that can still grow into such a span."""
+    qs = _continuations(src, starts, t)
     return any(_ends_word(src, q) for q in qs) if complete else bool(qs)
 
 
@@ -109,14 +114,8 @@ class CopyVocabulary:
         return s or ""
 
 
-_VOCABS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
 def _copy_vocabulary(tokenizer: Any) -> CopyVocabulary:
-    v = _VOCABS.get(tokenizer)
-    if v is None:
-        v = _VOCABS[tokenizer] = CopyVocabulary(tokenizer)
-    return v
+    return per_tokenizer(CopyVocabulary, tokenizer)
 
 
 class _Row:
@@ -148,8 +147,7 @@ class _Row:
         t = body.lower()
         if not t:
             return True  # an empty text: the grammar (or the parser) decides
-        qs = _continuations(self.src, self.starts, t)
-        return any(_ends_word(self.src, q) for q in qs) if closed else bool(qs)
+        return _keeps_to(self.src, self.starts, t, closed)
 
 
 class CopyLogitsProcessor(LogitsProcessor):

@@ -379,15 +379,21 @@ class ActionVocabulary:
         return ok
 
 
-_VOCABS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_PER_TOKENIZER: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def per_tokenizer(cls: type, tokenizer: Any) -> Any:
+    """One ``cls(tokenizer)`` per tokenizer object, built on first use and dropped with the
+    tokenizer (the grammar's :class:`ActionVocabulary`, the copy rule's vocabulary)."""
+    built = _PER_TOKENIZER.setdefault(tokenizer, {})
+    if cls not in built:
+        built[cls] = cls(tokenizer)
+    return built[cls]
 
 
 def _vocabulary(tokenizer: Any) -> ActionVocabulary:
-    """One :class:`ActionVocabulary` per tokenizer object (its caches live with it)."""
-    v = _VOCABS.get(tokenizer)
-    if v is None:
-        v = _VOCABS[tokenizer] = ActionVocabulary(tokenizer)
-    return v
+    """The tokenizer's :class:`ActionVocabulary` (:func:`per_tokenizer`)."""
+    return per_tokenizer(ActionVocabulary, tokenizer)
 
 
 class ActionLogitsProcessor(LogitsProcessor):

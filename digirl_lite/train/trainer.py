@@ -404,12 +404,16 @@ class Trainer:
             atomic_write_text(self.out / FLEET_FILE, json.dumps(self._fleet_stats()))
 
     def _fleet_stats(self) -> dict[str, Any]:
-        """What this process's fleets survived: this attempt's fleet ({} before it was
-        built) added to what the run's earlier attempts had survived by their last
-        checkpoint or stop (``fleet.json``: a resumed run reports its whole history; a kill
-        loses what came after the last checkpoint, whose phase is redone)."""
-        now = self._fleet.stats.as_dict() if self._fleet is not None else {}
-        return redact(merge_fleet_stats(self._fleet_before, now))  # devices named by URL
+        """What this process's fleets survived: this attempt's fleets (the run's and, with
+        ``eval_judge``, the evaluations'; {} before they were built) added to what the run's
+        earlier attempts had survived by their last checkpoint or stop (``fleet.json``: a
+        resumed run reports its whole history; a kill loses what came after the last
+        checkpoint, whose phase is redone)."""
+        out = self._fleet_before
+        for fleet in (self._fleet, self._eval_fleet):
+            if fleet is not None:
+                out = merge_fleet_stats(out, fleet.stats.as_dict())
+        return redact(out)  # devices named by URL
 
     def close(self) -> None:
         """Stop the fleet's workers (threads, processes, Ray actors), the emulators this run
