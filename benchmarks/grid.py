@@ -24,9 +24,11 @@ An arm (and the shared part) may give ``world``, ``config`` (a JSON config file)
 recipes/offline_to_online.py). ``from_grid`` takes an arm, settings and runs, from another grid
 (the same runs serve both tables). ``stages``: the table's rows per arm (every stage is in
 table.json); ``reference``: the arm the others are compared with, seed by seed (default: the
-first); ``curve_x``: curves.png's x, "online_trajectories" (default) or "day" (the simulated
-phone's drift day); ``placeholder``: the grid is not ready to run. Keys starting with "_" are
-comments.
+first); ``pairs``: more differences, each ``[arm, its reference]`` (e.g. a noisy-judge arm
+against its oracle-judged twin), and with two or more pairs the differences between them
+(does one arm lose less than another?); ``curve_x``: curves.png's x, "online_trajectories"
+(default) or "day" (the simulated phone's drift day); ``placeholder``: the grid is not ready
+to run. Keys starting with "_" are comments.
 
 Where things go (``<grid>`` of the arm: its ``from_grid``, else this grid):
 
@@ -70,6 +72,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -85,7 +88,7 @@ OWN_CONFIG_RECIPES = {"evolve_harness.py"}
 the recipe itself when it starts."""
 STAGES = ("copier", "offline", "online")
 SPEC_KEYS = {"description", "seeds", "arms", "stages", "reference", "placeholder", "curve_x",
-             "world", "config", "set", "args", "recipe"}
+             "pairs", "world", "config", "set", "args", "recipe"}
 ARM_KEYS = {"name", "from_grid", "world", "config", "set", "args", "recipe"}
 RUNNER_FLAGS = {"--out": "the runner sets it", "--seed": "use the spec's seeds",
                 "--resume": "the runner adds it", "--quiet": "the runner adds it",
@@ -130,6 +133,7 @@ class GridSpec:
     reference: str | None = None
     placeholder: str | None = None
     curve_x: str = "online_trajectories"
+    pairs: tuple[tuple[str, str], ...] = ()
 
 
 def spec_path(grid: str | os.PathLike[str]) -> Path:
@@ -239,11 +243,17 @@ def load_spec(grid: str | os.PathLike[str], _seen: tuple[str, ...] = ()) -> Grid
            f"{reference!r} is not an arm ({', '.join(names)})")
     curve_x = d.get("curve_x", "online_trajectories")
     _check(curve_x in CURVE_X, f"{path}: curve_x", f"must be one of {', '.join(CURVE_X)}")
+    pairs = d.get("pairs", [])
+    _check(isinstance(pairs, list) and all(
+        isinstance(p, list) and len(p) == 2 and p[0] != p[1] and set(p) <= set(names)
+        for p in pairs), f"{path}: pairs", f"must be a list of [arm, reference] pairs of "
+           f"two different arms ({', '.join(names)})")
     desc = d.get("description", "")
     _check(isinstance(desc, str), f"{path}: description", "must be a string")
     return GridSpec(name=name, path=path, description=desc, seeds=tuple(seeds),
                     arms=tuple(arms), stages=tuple(stages), reference=reference,
-                    placeholder=placeholder, curve_x=curve_x)
+                    placeholder=placeholder, curve_x=curve_x,
+                    pairs=tuple((a, b) for a, b in pairs))
 
 
 # -- jobs -------------------------------------------------------------------------------------
@@ -1061,15 +1071,41 @@ def paired_difference(a: list[dict[str, Any]], b: list[dict[str, Any]], stage: s
                       ) -> dict[str, Any] | None:
     """Arm ``a`` minus arm ``b`` at ``stage``, seed by seed (seeds both have): the mean
     difference of success rates with a 95% t-interval."""
+    return seed_contrast([(1, a), (-1, b)], stage)
+
+
+def seed_contrast(terms: list[tuple[int, list[dict[str, Any]]]], stage: str
+                  ) -> dict[str, Any] | None:
+    """The sum of ``sign * success rate`` over the ``(sign, arm's results)`` terms at
+    ``stage``, seed by seed (seeds every term has): its mean with a 95% t-interval."""
     from digirl_lite.viz.curves import mean_ci95
 
-    ra = {r["seed"]: r["stages"][stage]["success_rate"] for r in a if stage in r["stages"]}
-    rb = {r["seed"]: r["stages"][stage]["success_rate"] for r in b if stage in r["stages"]}
-    seeds = sorted(set(ra) & set(rb))
+    rates = [{r["seed"]: r["stages"][stage]["success_rate"] for r in recs
+              if stage in r["stages"]} for _, recs in terms]
+    seeds = sorted(set.intersection(*(set(r) for r in rates))) if rates else []
     if not seeds:
         return None
-    m, lo, hi = mean_ci95([ra[s] - rb[s] for s in seeds])
+    m, lo, hi = mean_ci95([sum(sign * r[s] for (sign, _), r in zip(terms, rates))
+                           for s in seeds])
     return {"seeds": seeds, "mean": m, "ci95": [lo, hi]}
+
+
+def pair_differences(spec: GridSpec, results: dict[str, list[dict[str, Any]]]
+                     ) -> dict[str, Any]:
+    """The spec's ``pairs`` (arm minus its reference, seed by seed) and, for every two of
+    them, the difference between their differences (``(a - b) - (c - d)``), per stage."""
+    from itertools import combinations
+
+    have = [(a, b) for a, b in spec.pairs if a in results and b in results]
+    out: dict[str, Any] = {}
+    for a, b in have:
+        out[f"{a} - {b}"] = {st: seed_contrast([(1, results[a]), (-1, results[b])], st)
+                             for st in spec.stages}
+    for (a, b), (c, d) in combinations(have, 2):
+        terms = [(1, results[a]), (-1, results[b]), (-1, results[c]), (1, results[d])]
+        out[f"({a} - {b}) - ({c} - {d})"] = {st: seed_contrast(terms, st)
+                                             for st in spec.stages}
+    return out
 
 
 def make_table(spec: GridSpec, results: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
@@ -1109,39 +1145,40 @@ def make_table(spec: GridSpec, results: dict[str, list[dict[str, Any]]]) -> dict
             "command": f"python benchmarks/grid.py {spec.name}",
             "stages": list(spec.stages), "reference": ref, "arms": arms,
             "differences_from_reference": diffs,
+            "pair_differences": pair_differences(spec, results),
             "generalization": {name: g for name, g in general.items() if g},
-            "mixed_commits": mixed_commits(results, ref)}
+            "mixed_commits": mixed_commits(results, ref, spec.pairs)}
 
 
-def mixed_commits(results: dict[str, list[dict[str, Any]]], ref: str | None
-                  ) -> list[dict[str, Any]]:
-    """The pairs of the differences from the reference (an arm's run and the reference's
-    at the same seed) whose runs ran on different code (:func:`run_versions`), each with
-    the commits of both."""
-    if ref not in results:
-        return []
-    by_seed = {r["seed"]: r for r in results[ref]}
+def mixed_commits(results: dict[str, list[dict[str, Any]]], ref: str | None,
+                  pairs: Sequence[tuple[str, str]] = ()) -> list[dict[str, Any]]:
+    """The pairs of the differences from the reference, and of the spec's ``pairs`` (an
+    arm's run and its reference's at the same seed), whose runs ran on different code
+    (:func:`run_versions`), each with the commits of both."""
+    compared = [(name, ref) for name in results if ref in results and name != ref]
+    compared += [p for p in pairs if p not in compared and set(p) <= set(results)]
     out = []
-    for name, recs in results.items():
-        for r in recs if name != ref else []:
+    for name, other_arm in compared:
+        by_seed = {r["seed"]: r for r in results[other_arm]}
+        for r in results[name]:
             other = by_seed.get(r["seed"])
             if other is None:
                 continue
             mine, theirs = run_versions(r), run_versions(other)
             if len(mine) > 1 or {k for _, k in mine} != {k for _, k in theirs}:
                 out.append({"arm": name, "seed": r["seed"], "commit": version_label(r),
-                            "reference": ref, "reference_commit": version_label(other)})
+                            "reference": other_arm, "reference_commit": version_label(other)})
     return out
 
 
 def mixed_commits_lines(t: dict[str, Any]) -> list[str]:
     """One line per arm naming its runs that :func:`mixed_commits` found."""
-    by_arm: dict[str, list[str]] = {}
+    by_pair: dict[tuple[str, str], list[str]] = {}
     for m in t.get("mixed_commits", []):
-        by_arm.setdefault(m["arm"], []).append(
+        by_pair.setdefault((m["arm"], m["reference"]), []).append(
             f"seed {m['seed']} {m['commit']} vs {m['reference_commit']}")
-    return [f"- `{arm}` - `{t['reference']}`: " + "; ".join(pairs)
-            for arm, pairs in by_arm.items()]
+    return [f"- `{arm}` - `{ref}`: " + "; ".join(seeds)
+            for (arm, ref), seeds in by_pair.items()]
 
 
 def _pct(x: float | None) -> str:
@@ -1212,6 +1249,19 @@ def table_markdown(t: dict[str, Any]) -> str:
                 cells.append("-" if x is None else
                              f"{100 * x['mean']:+.1f}{_ci(*x['ci95'])} ({len(x['seeds'])})")
             out.append(f"| {name} | " + " | ".join(cells) + " |")
+    if t.get("pair_differences"):
+        out += ["", "Paired differences, seed by seed (the spec's `pairs`: points of success; "
+                "mean with a 95% t-interval over the seeds every arm of the row has):", "",
+                "| difference | " + " | ".join(t["stages"]) + " |",
+                "|---|" + "---|" * len(t["stages"])]
+        for name, d in t["pair_differences"].items():
+            cells = []
+            for st in t["stages"]:
+                x = d.get(st)
+                cells.append("-" if x is None else
+                             f"{100 * x['mean']:+.1f}{_ci(*x['ci95'])} ({len(x['seeds'])})")
+            out.append(f"| {name} | " + " | ".join(cells) + " |")
+    if t["differences_from_reference"] or t.get("pair_differences"):
         if lines := mixed_commits_lines(t):
             out += ["", f"**Warning: {len(t['mixed_commits'])} of these pairs compare runs on "
                     "different code** (commit, `+dirty:<diff hash>` for uncommitted changes; "

@@ -636,3 +636,40 @@ def test_the_finished_runs_line_shows_the_true_rate_where_there_is_one():
                       "online": _stage(5, 8, 9.0, **_truth(6, 10, 4, 1, 2, 3))}}
     assert grid._stage_line(rec, ("copier", "online")) == \
         "copier 30.0%, online 62.5% (true 60.0%)"
+
+
+def test_pairs_give_each_arms_loss_and_the_difference_between_losses(tmp_path):
+    """A spec's ``pairs`` (issue 32, item 2): each noisy arm against its own oracle twin,
+    seed by seed, and the difference between the two losses, hand-computed; a pair whose
+    runs ran different code is warned about like a difference from the reference."""
+    res = tmp_path / "results"
+    online = {"a": (8, 8, 6), "a_noisy": (6, 8, 6), "b": (7, 7, 7), "b_noisy": (5, 6, 4)}
+    same = [{"commit": "c" * 40, "code_id": "code1", "dirty": False}]
+    for arm, ks in online.items():
+        for seed, k in enumerate(ks):
+            r = _result(arm, seed, (k, 10, 8.0))
+            del r["git"]
+            attempts = [{**same[0], "code_id": "code2"}] if (arm, seed) == ("b_noisy", 2) \
+                else same
+            _write(res / "g" / f"{arm}-seed{seed}.json", {**r, "attempts": attempts})
+    spec = grid.load_spec(_spec_file(
+        tmp_path, arms=[{"name": n} for n in online],
+        pairs=[["a_noisy", "a"], ["b_noisy", "b"]]))
+    t = grid.make_table(spec, grid.load_results(res, spec))
+    p = t["pair_differences"]
+    assert p["a_noisy - a"]["online"]["mean"] == pytest.approx(-0.2 / 3)  # -0.2, 0, 0
+    assert p["b_noisy - b"]["online"]["mean"] == pytest.approx(-0.6 / 3)  # -0.2, -0.1, -0.3
+    both = p["(a_noisy - a) - (b_noisy - b)"]["online"]
+    assert both["seeds"] == [0, 1, 2]
+    assert both["mean"] == pytest.approx((0.0 + 0.1 + 0.3) / 3)
+    lo, hi = both["ci95"]
+    assert lo < both["mean"] < hi
+    assert [(m["arm"], m["reference"], m["seed"]) for m in t["mixed_commits"]] == \
+        [("b_noisy", "a", 2), ("b_noisy", "b", 2)]
+    grid.write_table(spec, res)
+    md = (res / "g" / "table.md").read_text()
+    assert "| (a_noisy - a) - (b_noisy - b) | " in md
+    assert "| a_noisy - a | " in md and "-6.7" in md
+    assert "- `b_noisy` - `b`: seed 2" in md
+    with pytest.raises(grid.SpecError, match="pairs"):
+        grid.load_spec(_spec_file(tmp_path, pairs=[["a", "nope"]]))
