@@ -1181,6 +1181,17 @@ def mixed_commits_lines(t: dict[str, Any]) -> list[str]:
             for (arm, ref), seeds in by_pair.items()]
 
 
+def _difference_rows(head: str, diffs: dict[str, Any], stages: list[str]) -> list[str]:
+    """A markdown table of seed-by-seed differences: one row per name, one cell per stage
+    (mean in points, its 95% interval, the number of seeds)."""
+    rows = [f"| {head} | " + " | ".join(stages) + " |", "|---|" + "---|" * len(stages)]
+    for name, d in diffs.items():
+        cells = ["-" if (x := d.get(st)) is None else
+                 f"{100 * x['mean']:+.1f}{_ci(*x['ci95'])} ({len(x['seeds'])})" for st in stages]
+        rows.append(f"| {name} | " + " | ".join(cells) + " |")
+    return rows
+
+
 def _pct(x: float | None) -> str:
     return "-" if x is None or x != x else f"{100 * x:.1f}"
 
@@ -1240,27 +1251,11 @@ def table_markdown(t: dict[str, Any]) -> str:
     if t["differences_from_reference"]:
         out += ["", f"Difference from `{t['reference']}`, seed by seed (points of success; "
                 "mean with a 95% t-interval over the seeds both arms have):", "",
-                "| arm | " + " | ".join(t["stages"]) + " |",
-                "|---|" + "---|" * len(t["stages"])]
-        for name, d in t["differences_from_reference"].items():
-            cells = []
-            for st in t["stages"]:
-                x = d.get(st)
-                cells.append("-" if x is None else
-                             f"{100 * x['mean']:+.1f}{_ci(*x['ci95'])} ({len(x['seeds'])})")
-            out.append(f"| {name} | " + " | ".join(cells) + " |")
+                *_difference_rows("arm", t["differences_from_reference"], t["stages"])]
     if t.get("pair_differences"):
         out += ["", "Paired differences, seed by seed (the spec's `pairs`: points of success; "
                 "mean with a 95% t-interval over the seeds every arm of the row has):", "",
-                "| difference | " + " | ".join(t["stages"]) + " |",
-                "|---|" + "---|" * len(t["stages"])]
-        for name, d in t["pair_differences"].items():
-            cells = []
-            for st in t["stages"]:
-                x = d.get(st)
-                cells.append("-" if x is None else
-                             f"{100 * x['mean']:+.1f}{_ci(*x['ci95'])} ({len(x['seeds'])})")
-            out.append(f"| {name} | " + " | ".join(cells) + " |")
+                *_difference_rows("difference", t["pair_differences"], t["stages"])]
     if t["differences_from_reference"] or t.get("pair_differences"):
         if lines := mixed_commits_lines(t):
             out += ["", f"**Warning: {len(t['mixed_commits'])} of these pairs compare runs on "
