@@ -178,6 +178,34 @@ class HFTextEncoder:
                 out[idx] = emb.float().cpu()
         return out
 
+    def token_states(self, texts: Sequence[str]) -> list[tuple[list[tuple[int, int]],
+                                                                 torch.Tensor]]:
+        """Each text's last-layer token states, unpooled: ``(spans, states)`` with the
+        ``(start, end)`` character span of each token in the text and ``states`` (n, dim)
+        float32 on the CPU, special tokens left out (no gradient; a fast tokenizer's
+        offsets). What a policy reads of a frozen encoder token by token
+        (:mod:`digirl_lite.policy.goal_features`)."""
+        texts = list(texts)
+        out: list[tuple[list[tuple[int, int]], torch.Tensor]] = [([], torch.zeros(0))] * len(texts)
+        order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
+        with torch.no_grad():
+            for start in range(0, len(order), self.batch_size):
+                idx = order[start:start + self.batch_size]
+                enc = self.tokenizer([texts[i] for i in idx], padding=True, truncation=True,
+                                     max_length=self.max_length, return_tensors="pt",
+                                     return_offsets_mapping=True,
+                                     return_special_tokens_mask=True)
+                offsets = enc.pop("offset_mapping").tolist()
+                special = enc.pop("special_tokens_mask").bool()
+                enc = {k: v.to(self.device) for k, v in enc.items()}
+                h = self.model(**enc).last_hidden_state.float().cpu()  # (b, L, dim)
+                keep = enc["attention_mask"].cpu().bool() & ~special
+                for row, i in enumerate(idx):
+                    sel = keep[row].nonzero().flatten().tolist()
+                    out[i] = ([(int(offsets[row][k][0]), int(offsets[row][k][1])) for k in sel],
+                              h[row, sel].contiguous())
+        return out
+
     def __repr__(self) -> str:
         return (f"{type(self).__name__}(dim={self.dim}, pooling={self.pooling!r}, "
                 f"max_length={self.max_length}, device={str(self.device)!r})")

@@ -34,7 +34,8 @@ def _heads(x: torch.Tensor, n_heads: int) -> torch.Tensor:
 @torch.no_grad()
 def decode(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
            image_ids: torch.Tensor, max_new_tokens: int, eos_token_id: int,
-           pad_token_id: int, processors: Sequence[Processor] = ()) -> torch.Tensor:
+           pad_token_id: int, processors: Sequence[Processor] = (),
+           lang: torch.Tensor | None = None) -> torch.Tensor:
     """Greedy decoding over the processed scores, as ``model.generate(do_sample=False,
     logits_processor=processors)`` does it (a :class:`~digirl_lite.policy.sampling.
     CategoricalSampler` last among the processors makes it sampling).
@@ -47,6 +48,7 @@ def decode(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
         eos_token_id, pad_token_id: a row ends at eos and is padded after it.
         processors: called in order on ``(ids so far, float32 scores (B, V))``, the ids
             starting with the decoder start token.
+        lang: (B, S, lang_dim) goal features, for a model that reads them.
 
     Returns:
         (B, 1 + steps) token ids, the decoder start token first; ``steps <= max_new_tokens``,
@@ -57,7 +59,7 @@ def decode(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
     cfg = model.config
     dec = model.decoder
     enc = _FusedEncoder(model).forward(input_ids=input_ids, attention_mask=attention_mask,
-                                       image_ids=image_ids).last_hidden_state
+                                       image_ids=image_ids, lang=lang).last_hidden_state
     b, device = enc.shape[0], enc.device
     n_heads = cfg.num_heads
     blocks = list(dec.block)

@@ -59,7 +59,7 @@ def fresh_policy(c: Any) -> Policy:
             gradient_checkpointing=c.gradient_checkpointing, seed=c.sft_seed)
     from digirl_lite.policy.policy import AutoUIPolicy
 
-    return AutoUIPolicy.sim_preset(seed=c.sft_seed)
+    return AutoUIPolicy.sim_preset(seed=c.sft_seed, goal_features=c.goal_features)
 
 
 def initial_policy(c: Any) -> Policy:
@@ -85,12 +85,17 @@ def initial_policy(c: Any) -> Policy:
         except (OSError, ValueError) as e:
             raise ConfigError(f"starting_policy {str(d)!r}: {e}") from None
     if d is None:
-        return AutoUIPolicy.sim_preset(seed=c.seed)
+        return AutoUIPolicy.sim_preset(seed=c.seed, goal_features=c.goal_features)
     if found == "vlm":
         raise ConfigError(f"starting_policy {str(d)!r} holds a saved VLM policy: set policy "
                           "'vlm' (and policy_path its base model)")
     try:
-        return (AutoUIPolicy.load(d) if (d / POLICY_FILE).is_file()
-                else AutoUIPolicy.from_pretrained(d))
+        policy = (AutoUIPolicy.load(d) if (d / POLICY_FILE).is_file()
+                  else AutoUIPolicy.from_pretrained(d))
     except (OSError, ValueError) as e:
         raise ConfigError(f"starting_policy {str(d)!r}: {e}") from None
+    has = policy.goal_features.name if policy.goal_features is not None else "none"
+    if has != c.goal_features:
+        raise ConfigError(f"starting_policy {str(d)!r} reads goal features {has!r}, but "
+                          f"goal_features is {c.goal_features!r}: set it to {has!r}")
+    return policy

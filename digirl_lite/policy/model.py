@@ -51,8 +51,16 @@ class _FusedEncoder:
         return self.forward(*args, **kwargs)
 
     def forward(self, input_ids=None, attention_mask=None, image_ids=None, inputs_embeds=None,
-                output_attentions=None, output_hidden_states=None, return_dict=True):
+                output_attentions=None, output_hidden_states=None, return_dict=True, lang=None):
         m = self._model
+        if m.lang_dim:
+            if lang is None:
+                raise ValueError("this AutoUIModel reads goal features (config.lang_dim "
+                                 f"{m.lang_dim}): pass lang, (B, T, {m.lang_dim})")
+            if inputs_embeds is None:
+                inputs_embeds = m.shared(input_ids)
+            inputs_embeds = inputs_embeds + m.lang_dense(lang.to(inputs_embeds.dtype))
+            input_ids = None
         out = m.encoder(input_ids=input_ids, attention_mask=attention_mask,
                         inputs_embeds=inputs_embeds, output_attentions=output_attentions,
                         output_hidden_states=output_hidden_states, return_dict=True)
@@ -69,7 +77,10 @@ class AutoUIModel(T5ForConditionalGeneration):
     Args:
         config: a T5Config; ``config.img_dim`` (default 1408, BLIP-2) is the image size;
             ``config.img_scale`` (default 1.0, Auto-UI's fusion exactly) multiplies the image
-            vector before the fusion.
+            vector before the fusion; ``config.lang_dim`` (default 0: none) the size of
+            the goal features added to the token embeddings (``lang_dense``;
+            :mod:`digirl_lite.policy.goal_features`, whose encoder ``config.goal_encoder``
+            names).
     """
 
     def __init__(self, config: T5Config) -> None:
@@ -82,7 +93,16 @@ class AutoUIModel(T5ForConditionalGeneration):
         self.image_dense = nn.Linear(self.img_dim, d)
         self.mha_layer = nn.MultiheadAttention(embed_dim=d, num_heads=1, batch_first=True)
         self.gate_dense = nn.Linear(2 * d, d)
+        self.lang_dim = int(getattr(config, "lang_dim", 0) or 0)
+        config.lang_dim = self.lang_dim
+        if self.lang_dim:
+            self.lang_dense = nn.Linear(self.lang_dim, d)
         self.post_init()
+        if self.lang_dim:  # T5's init draws it at std 1: ten times the token embeddings'
+            # norm, which drowned which token a position holds (what copying needs)
+            with torch.no_grad():
+                self.lang_dense.weight.normal_(0.0, self.lang_dim ** -0.5)
+                self.lang_dense.bias.zero_()
 
     def fuse(self, hidden: torch.Tensor, image_ids: torch.Tensor) -> torch.Tensor:
         """(B, T, d_model) encoder states + (B, d_img) image -> (B, T, d_model) fused states."""
@@ -96,7 +116,8 @@ class AutoUIModel(T5ForConditionalGeneration):
 
     def action_token_log_probs(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                                image_ids: torch.Tensor, labels: torch.Tensor,
-                               label_mask: torch.Tensor) -> torch.Tensor:
+                               label_mask: torch.Tensor, lang: torch.Tensor | None = None
+                               ) -> torch.Tensor:
         """(B, T) teacher-forced log-probabilities of ``labels`` (0 where ``label_mask`` is 0).
 
         The same numbers as ``log_softmax(self(..., labels=labels).logits)`` gathered at the
@@ -106,16 +127,17 @@ class AutoUIModel(T5ForConditionalGeneration):
         head's log-softmax was 30% of an actor update, half of it the model's own loss).
         """
         return self.action_token_outputs(input_ids, attention_mask, image_ids, labels,
-                                         label_mask)[0]
+                                         label_mask, lang)[0]
 
     def action_token_outputs(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                              image_ids: torch.Tensor, labels: torch.Tensor,
-                             label_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+                             label_mask: torch.Tensor, lang: torch.Tensor | None = None
+                             ) -> tuple[torch.Tensor, torch.Tensor]:
         """:meth:`action_token_log_probs` and the decoder's last hidden states that predict
         each label, (B, T) and (B, T, d_model) (a value head reads the latter: the state
         from which token t is written)."""
         enc = _FusedEncoder(self).forward(input_ids=input_ids, attention_mask=attention_mask,
-                                          image_ids=image_ids)
+                                          image_ids=image_ids, lang=lang)
         dec = self.decoder(input_ids=self._shift_right(labels), attention_mask=label_mask,
                            encoder_hidden_states=enc.last_hidden_state,
                            encoder_attention_mask=attention_mask)
@@ -138,11 +160,11 @@ class AutoUIModel(T5ForConditionalGeneration):
 
     def forward(self, input_ids=None, attention_mask=None, image_ids=None,
                 decoder_input_ids=None, decoder_attention_mask=None, encoder_outputs=None,
-                labels=None, **kwargs):
+                labels=None, lang=None, **kwargs):
         if encoder_outputs is None:
             encoder_outputs = _FusedEncoder(self).forward(
                 input_ids=input_ids, attention_mask=attention_mask, image_ids=image_ids,
-                inputs_embeds=kwargs.pop("inputs_embeds", None))
+                inputs_embeds=kwargs.pop("inputs_embeds", None), lang=lang)
         # encoder_outputs from generate() are already fused
         return super().forward(attention_mask=attention_mask, encoder_outputs=encoder_outputs,
                                decoder_input_ids=decoder_input_ids,

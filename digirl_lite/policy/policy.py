@@ -59,6 +59,9 @@ class AutoUIPolicy:
         device: where the model runs.
         value_head: per-token values for Darwin's learner (a fresh :class:`ValueHead` by
             default; ``value_head_fresh`` says whether it was trained or loaded).
+        goal_features: the frozen encoder's goal features for a model that reads them
+            (``model.config.lang_dim`` > 0; built from ``config.goal_encoder`` when not
+            given): :mod:`digirl_lite.policy.goal_features`.
     """
 
     screen_input = "features"
@@ -69,9 +72,17 @@ class AutoUIPolicy:
     simulator's actor update, batch 128: see benchmarks/bench_actor.py)."""
 
     def __init__(self, model: AutoUIModel, tokenizer, max_prompt_tokens: int = 512,
-                 device: str | torch.device = "cpu", value_head: ValueHead | None = None
-                 ) -> None:
+                 device: str | torch.device = "cpu", value_head: ValueHead | None = None,
+                 goal_features: Any = None) -> None:
         self.model = model.to(device)
+        if model.lang_dim and goal_features is None:
+            from digirl_lite.policy.goal_features import GoalFeatures
+
+            goal_features = GoalFeatures(getattr(model.config, "goal_encoder", "minilm"))
+        if goal_features is not None and goal_features.dim != model.lang_dim:
+            raise ValueError(f"goal features of {goal_features.dim} floats for a model that "
+                             f"reads {model.lang_dim}")
+        self.goal_features = goal_features if model.lang_dim else None
         self.tokenizer = tokenizer
         self.max_prompt_tokens = max_prompt_tokens
         self.device = torch.device(device)
@@ -108,7 +119,13 @@ class AutoUIPolicy:
 
     # -- inference ----------------------------------------------------------------------
     def _encode_prompts(self, prompts: Sequence[str]) -> dict[str, torch.Tensor]:
-        enc = self.tokenizer(list(prompts), max_length=self.max_prompt_tokens)
+        """``input_ids``, ``attention_mask`` and, for a model that reads goal features,
+        ``lang`` (on the policy's device)."""
+        if self.goal_features is None:
+            enc = self.tokenizer(list(prompts), max_length=self.max_prompt_tokens)
+        else:
+            enc = self.goal_features.encode(self.tokenizer, list(prompts),
+                                            self.max_prompt_tokens)
         return {k: v.to(self.device) for k, v in enc.items()}
 
     @torch.no_grad()
@@ -177,7 +194,7 @@ class AutoUIPolicy:
             # the greedy loop over the processed scores: the sampler makes it sampling
             out = decode(self.model, enc["input_ids"], enc["attention_mask"], img,
                          max_new_tokens, self.tokenizer.eos_token_id,
-                         self.tokenizer.pad_token_id, processors)
+                         self.tokenizer.pad_token_id, processors, lang=enc.get("lang"))
         finally:
             if state is not None:
                 torch.random.set_rng_state(state)
@@ -244,7 +261,7 @@ class AutoUIPolicy:
             labels, mask = self._labels(None, t)
             img = _as_tensor(image_features[a:a + self.bucket_rows]).to(self.device)
             _, hidden = self.model.action_token_outputs(enc["input_ids"], enc["attention_mask"],
-                                                         img, labels, mask)
+                                                         img, labels, mask, enc.get("lang"))
             logp = torch.log_softmax(self.model.head_logits(hidden).float(), dim=-1)
             ent = -(logp.exp() * logp).sum(-1)
             out += [ent[i, :len(r)].cpu().numpy() for i, r in enumerate(t)]
@@ -279,7 +296,7 @@ class AutoUIPolicy:
             empty = torch.zeros(0, 0, device=self.device)
             return empty, (empty if values else None), empty
         enc = self._encode_prompts(prompts)
-        ids, amask = enc["input_ids"], enc["attention_mask"]
+        ids, amask, lang = enc["input_ids"], enc["attention_mask"], enc.get("lang")
         labels, mask = self._labels(actions, token_ids)
         img = _as_tensor(image_features).to(self.device)
         # rows sorted by length and scored in buckets, each cut to its own longest prompt and
@@ -291,7 +308,8 @@ class AutoUIPolicy:
         for rows in order.split(self.bucket_rows):
             pl, al = int(plen[rows].max()), int(alen[rows].max())
             tok, hidden = self.model.action_token_outputs(
-                ids[rows, :pl], amask[rows, :pl], img[rows], labels[rows, :al], mask[rows, :al])
+                ids[rows, :pl], amask[rows, :pl], img[rows], labels[rows, :al], mask[rows, :al],
+                lang[rows, :pl] if lang is not None else None)
             if clamp is not None:
                 tok = torch.log(tok.exp().clamp(min=clamp[0], max=clamp[1])) * mask[rows, :al]
             parts.append(torch.nn.functional.pad(tok, (0, t_max - al)))
@@ -430,8 +448,11 @@ class AutoUIPolicy:
 
     @classmethod
     def sim_preset(cls, seed: int = 0, tokenizer_dir: str | Path | None = None,
-                   **overrides: Any) -> AutoUIPolicy:
-        """The tiny simulator model (fresh weights, seeded) with the shipped tokenizer."""
+                   goal_features: str | None = None, **overrides: Any) -> AutoUIPolicy:
+        """The tiny simulator model (fresh weights, seeded) with the shipped tokenizer;
+        ``goal_features`` (an encoder of :data:`~digirl_lite.policy.goal_features.
+        GOAL_ENCODERS`, None or "none": no features) gives it the frozen encoder's reading
+        of the goal."""
         from transformers import T5Config
 
         from digirl_lite.paths import data_dir
@@ -442,8 +463,14 @@ class AutoUIPolicy:
         config = T5Config(vocab_size=tok.vocab_size, pad_token_id=0, eos_token_id=1,
                           decoder_start_token_id=0, **cfg)
         config.img_dim, config.img_scale = img_dim, img_scale
+        feats = None
+        if goal_features not in (None, "none"):
+            from digirl_lite.policy.goal_features import GoalFeatures
+
+            feats = GoalFeatures(goal_features)
+            config.lang_dim, config.goal_encoder = feats.dim, feats.name
         torch.manual_seed(seed)
-        return cls(AutoUIModel(config), tok)
+        return cls(AutoUIModel(config), tok, goal_features=feats)
 
 
 _UNTIED_FILE = "untied_lm_head.safetensors"

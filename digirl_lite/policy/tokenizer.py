@@ -77,6 +77,32 @@ class SPTokenizer:
             ids = ids[-max_length:]  # left truncation: keep the goal
         return ids
 
+    def encode_spans(self, text: str, max_length: int | None = None
+                     ) -> tuple[list[int], list[tuple[int, int]]]:
+        """:meth:`encode`'s ids with each token's ``(start, end)`` character span in
+        ``text`` (the eos that :meth:`encode` appends: an empty span at the end; a
+        byte-fallback piece that ends inside a character: an empty span before it)."""
+        proto = self.sp.encode(text, out_type="proto")
+        raw = text.encode("utf-8")
+        char_at = [0] * (len(raw) + 1)  # byte offset -> character offset
+        b = 0
+        for k, ch in enumerate(text):
+            n = len(ch.encode("utf-8"))
+            for j in range(n):
+                char_at[b + j] = k
+            b += n
+        char_at[len(raw)] = len(text)
+        ids, spans = [], []
+        for piece in proto.pieces:
+            ids.append(EOS_ID if piece.id == self._eos_piece_id else piece.id)
+            spans.append((char_at[piece.begin], char_at[piece.end]))
+        if not ids or ids[-1] != EOS_ID:
+            ids.append(EOS_ID)
+            spans.append((len(text), len(text)))
+        if max_length is not None and len(ids) > max_length:
+            ids, spans = ids[-max_length:], spans[-max_length:]  # as encode() cuts
+        return ids, spans
+
     def __call__(self, texts: Sequence[str], max_length: int | None = 512) -> dict[str, Any]:
         """Right-padded ``input_ids`` and ``attention_mask`` (torch tensors)."""
         import torch

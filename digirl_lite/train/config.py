@@ -253,6 +253,14 @@ class DigiRLConfig:
     """policy "vlm": recompute activations in the backward pass (less memory, ~30% slower)."""
 
     # -- starting policy (the AutoUI role: a copier of people) -----------------------------
+    goal_features: str = "none"
+    """policy "autoui": "minilm" adds to each goal token of the prompt what the frozen
+    all-MiniLM-L6-v2 (the critics' text encoder, offline) reads there, through one trained
+    linear map (:mod:`digirl_lite.policy.goal_features`; issue 32, item 5: the tiny preset,
+    which learned its English from the simulator alone, cuts the product at the wrong words
+    in phrasings it was not trained on). It changes the policy's shape: the starting policy
+    is built with it (``starting_policy`` "sft", or a directory saved with it); "none": the
+    preset as shipped."""
     starting_policy: str = "sft"
     """"sft" (fine-tune on the simulator's expert demonstrations, cached), "shipped" (the
     checkpoint ``policies/sft-<world>`` shipped in the package's ``assets/``, built by
@@ -810,6 +818,20 @@ class DigiRLConfig:
                                   "(no avx512_bf16 or AMX): torch emulates it, about 10x "
                                   "slower than fp32 (11.7 s against 1.1 s per update, "
                                   "benchmarks/bench_actor.py); use 'fp32' here")
+        if self.goal_features != "none":
+            from digirl_lite.policy.goal_features import GOAL_ENCODERS
+
+            if self.goal_features not in GOAL_ENCODERS:
+                raise ConfigError(f"goal_features must be 'none' or one of "
+                                  f"{', '.join(GOAL_ENCODERS)}, got {self.goal_features!r}")
+            if self.policy != "autoui":
+                raise ConfigError(f"goal_features: the goal features are the Auto-UI "
+                                  f"policy's; policy {self.policy!r} reads its prompt with "
+                                  "its own pretrained model (set goal_features 'none')")
+            if self.starting_policy == "shipped":
+                raise ConfigError("goal_features: the shipped starting policies read no goal "
+                                  "features; set starting_policy 'sft' (built and cached with "
+                                  "them) or a directory saved with them")
         if self.policy == "autoui":
             if self.policy_path is not None:
                 raise ConfigError("policy_path is the base model of policy 'vlm'; policy "

@@ -36,7 +36,9 @@ def sft_key(cfg: Any) -> str:
                        c.sft_batch, c.sft_lr, c.sft_surprise_rate, c.sft_varied_products,
                        c.sft_copy_updates, c.sft_copy_share, *policy,
                        *((("slip", c.sft_slip_rate),) if c.sft_slip_rate else ()),
-                       *((("phrasing", c.sft_phrasing_share),) if c.sft_phrasing_share else ()))
+                       *((("phrasing", c.sft_phrasing_share),) if c.sft_phrasing_share else ()),
+                       *((("goal", c.goal_features),)
+                         if getattr(c, "goal_features", "none") != "none" else ()))
 
 
 def save_starting_policy(policy: Any, cfg: Any, directory: str | Path) -> Path:
@@ -52,7 +54,8 @@ def save_starting_policy(policy: Any, cfg: Any, directory: str | Path) -> Path:
         "sft_varied_products": cfg.sft_varied_products,
         "sft_copy_updates": cfg.sft_copy_updates,
         "sft_copy_share": cfg.sft_copy_share, "sft_slip_rate": cfg.sft_slip_rate,
-        "sft_phrasing_share": cfg.sft_phrasing_share}, indent=1))
+        "sft_phrasing_share": cfg.sft_phrasing_share,
+        "goal_features": cfg.goal_features}, indent=1))
     return d
 
 

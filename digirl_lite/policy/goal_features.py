@@ -1,0 +1,133 @@
+"""A frozen pretrained encoder's reading of the goal, token by token, for the Auto-UI policy
+(issue 32, item 5; config ``goal_features``).
+
+The simulator preset's T5 learns its English from the simulator's instructions alone. On
+requests phrased unlike them ("At ebay.com, look up a crucial mx500 ssd") it finds the shop
+but cuts the product at the wrong words, and its own likelihood ranks the wrong spans first.
+``benchmarks/span_generalization.py`` isolates that skill: finding the product in a held-out
+phrasing is language knowledge, which a pretrained encoder has and a from-scratch one does
+not. Real Auto-UI brings it from FLAN-T5's pre-training; this machine cannot download that,
+but it has all-MiniLM-L6-v2 (the critics' text encoder, shipped by a PyPI package).
+
+:class:`GoalFeatures` runs the frozen MiniLM once per distinct goal (the task text after the
+prompt's ``Goal:``) and gives each of the policy's prompt tokens the mean of the MiniLM
+token states whose characters it overlaps (zero outside the goal, and for tokens such as a
+lone space that overlap none). :class:`~digirl_lite.policy.model.AutoUIModel` adds them,
+through one trained linear map (``lang_dense``), to its token embeddings before its encoder:
+the policy keeps its tokenizer, decoder, grammar and copy mask, and reads at every goal token
+what the pretrained model knows of it. The encoder is never trained (no gradient reaches it),
+so its states are cached by goal text: a goal repeats at every step of an episode.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from digirl_lite.prompts import task_from_prompt
+
+__all__ = ["GOAL_ENCODERS", "GoalFeatures", "goal_span"]
+
+GOAL_ENCODERS = ("minilm",)
+"""The encoders ``goal_features`` may name ("none": no features)."""
+
+
+def goal_span(prompt: str) -> tuple[int, str] | None:
+    """Where the goal starts in ``prompt`` (character offset) and its text, or None for a
+    prompt without a ``Goal:``."""
+    task = task_from_prompt(prompt)
+    if not task:
+        return None
+    at = prompt.find(task, prompt.rfind("Goal:"))
+    return (at, task) if at >= 0 else None
+
+
+class GoalFeatures:
+    """Per-token features of each prompt's goal from a frozen text encoder.
+
+    Args:
+        name: one of :data:`GOAL_ENCODERS`.
+        encoder: the encoder to use instead of building ``name``'s (anything with ``dim`` and
+            :meth:`~digirl_lite.critics.text.HFTextEncoder.token_states`).
+        cache_size: goals whose states are kept (least recently used dropped first).
+    """
+
+    def __init__(self, name: str = "minilm", encoder: Any = None, cache_size: int = 16_384
+                 ) -> None:
+        if name not in GOAL_ENCODERS:
+            raise ValueError(f"goal_features must be one of {', '.join(GOAL_ENCODERS)} (or "
+                             f"'none'), got {name!r}")
+        if encoder is None:
+            from digirl_lite.critics.text import MiniLMEncoder
+
+            encoder = MiniLMEncoder(device="cpu")
+        self.name = name
+        self.encoder = encoder
+        self.dim = int(encoder.dim)
+        self.cache_size = int(cache_size)
+        self._cache: OrderedDict[str, tuple[np.ndarray, torch.Tensor]] = OrderedDict()
+        self._lock = threading.Lock()  # a behaviour copy shares it with the learner's policy
+
+    def _states(self, goals: Sequence[str]) -> list[tuple[np.ndarray, torch.Tensor]]:
+        with self._lock:
+            return self._states_locked(goals)
+
+    def _states_locked(self, goals: Sequence[str]) -> list[tuple[np.ndarray, torch.Tensor]]:
+        todo = list(dict.fromkeys(g for g in goals if g not in self._cache))
+        if todo:
+            for g, (spans, states) in zip(todo, self.encoder.token_states(todo)):
+                self._cache[g] = (np.asarray(spans, dtype=np.int64).reshape(-1, 2), states)
+        out = []
+        for g in goals:
+            self._cache.move_to_end(g)
+            out.append(self._cache[g])
+        while len(self._cache) > self.cache_size:
+            self._cache.popitem(last=False)
+        return out
+
+    def align(self, prompt: str, spans: Sequence[tuple[int, int]],
+              goal: tuple[np.ndarray, torch.Tensor] | None, start: int) -> torch.Tensor:
+        """(len(spans), dim): for each token span of ``prompt``, the mean of the goal's
+        encoder states whose characters (shifted by ``start``) it overlaps; zero where none."""
+        out = torch.zeros(len(spans), self.dim)
+        if goal is None or not len(spans) or not len(goal[0]):
+            return out
+        wp, states = goal
+        s = np.asarray(spans, dtype=np.int64).reshape(-1, 2)
+        a, b = s[:, :1], s[:, 1:]
+        wa, wb = wp[None, :, 0] + start, wp[None, :, 1] + start
+        over = ((wa < b) & (wb > a) & (b > a)).astype(np.float32)  # (tokens, pieces)
+        n = over.sum(1, keepdims=True)
+        w = torch.from_numpy(np.divide(over, n, out=np.zeros_like(over), where=n > 0))
+        return w @ states
+
+    def encode(self, tokenizer: Any, prompts: Sequence[str], max_length: int | None
+               ) -> dict[str, torch.Tensor]:
+        """What the tokenizer's ``__call__`` gives (right-padded ``input_ids`` and
+        ``attention_mask``) plus ``lang``: (B, T, dim) goal features on the same tokens."""
+        if not hasattr(tokenizer, "encode_spans"):
+            raise TypeError(f"goal_features needs a tokenizer that gives each token's "
+                            f"characters (the simulator preset's SPTokenizer); "
+                            f"{type(tokenizer).__name__} does not")
+        rows = [tokenizer.encode_spans(p, max_length) for p in prompts]
+        where = [goal_span(p) for p in prompts]
+        states = self._states([w[1] for w in where if w is not None])
+        it = iter(states)
+        width = max((len(ids) for ids, _ in rows), default=1)
+        ids_t = torch.full((len(rows), width), tokenizer.pad_token_id, dtype=torch.long)
+        mask = torch.zeros((len(rows), width), dtype=torch.long)
+        lang = torch.zeros((len(rows), width, self.dim))
+        for i, ((ids, spans), w) in enumerate(zip(rows, where)):
+            ids_t[i, :len(ids)] = torch.as_tensor(ids, dtype=torch.long)
+            mask[i, :len(ids)] = 1
+            if w is not None:
+                lang[i, :len(ids)] = self.align(prompts[i], spans, next(it), w[0])
+        return {"input_ids": ids_t, "attention_mask": mask, "lang": lang}
+
+    def __repr__(self) -> str:
+        return f"GoalFeatures({self.name!r}, dim={self.dim}, cached={len(self._cache)})"
