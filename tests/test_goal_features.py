@@ -171,3 +171,13 @@ def test_config_names_the_field(tmp_path, policy):
     got = initial_policy(sim_quick(starting_policy=str(tmp_path / "with"),
                                    goal_features="minilm"))
     assert got.goal_features is not None
+
+
+def test_cache_keeps_the_latest_goals_and_answers_the_same(tok, feats):
+    small = GoalFeatures("minilm", encoder=feats.encoder, cache_size=2)
+    goals = ["Go to ebay.com", "look up razer kiyo on bestbuy.com", "i need a stroller"]
+    first = [small.encode(tok, [build_prompt(g)], 512)["lang"] for g in goals]
+    assert list(small._cache) == goals[1:]
+    again = small.encode(tok, [build_prompt(goals[0])], 512)["lang"]  # recomputed
+    assert torch.allclose(again, first[0], atol=1e-5)
+    assert list(small._cache) == [goals[2], goals[0]]

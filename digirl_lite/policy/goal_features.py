@@ -54,10 +54,12 @@ class GoalFeatures:
         name: one of :data:`GOAL_ENCODERS`.
         encoder: the encoder to use instead of building ``name``'s (anything with ``dim`` and
             :meth:`~digirl_lite.critics.text.HFTextEncoder.token_states`).
-        cache_size: goals whose states are kept (least recently used dropped first).
+        cache_size: goals whose states are kept (least recently used dropped first; about
+            30 KB each: a run's tasks are a few hundred, the starting policy's copy drills
+            each a new one).
     """
 
-    def __init__(self, name: str = "minilm", encoder: Any = None, cache_size: int = 16_384
+    def __init__(self, name: str = "minilm", encoder: Any = None, cache_size: int = 4096
                  ) -> None:
         if name not in GOAL_ENCODERS:
             raise ValueError(f"goal_features must be one of {', '.join(GOAL_ENCODERS)} (or "
