@@ -1147,7 +1147,23 @@ def make_table(spec: GridSpec, results: dict[str, list[dict[str, Any]]]) -> dict
             "differences_from_reference": diffs,
             "pair_differences": pair_differences(spec, results),
             "generalization": {name: g for name, g in general.items() if g},
-            "mixed_commits": mixed_commits(results, ref, spec.pairs)}
+            "mixed_commits": mixed_commits(results, ref, spec.pairs),
+            "mixed_threads": mixed_threads(results, ref, spec.pairs)}
+
+
+def _paired_runs(results: dict[str, list[dict[str, Any]]], ref: str | None,
+                 pairs: Sequence[tuple[str, str]] = ()
+                 ) -> list[tuple[str, str, dict[str, Any], dict[str, Any]]]:
+    """(arm, reference arm, run, reference run) for every run the tables pair: the
+    differences from the reference, and the spec's ``pairs``, at the same seed."""
+    compared = [(name, ref) for name in results if ref in results and name != ref]
+    compared += [p for p in pairs if p not in compared and set(p) <= set(results)]
+    out = []
+    for name, other_arm in compared:
+        by_seed = {r["seed"]: r for r in results[other_arm]}
+        out += [(name, other_arm, r, by_seed[r["seed"]]) for r in results[name]
+                if r["seed"] in by_seed]
+    return out
 
 
 def mixed_commits(results: dict[str, list[dict[str, Any]]], ref: str | None,
@@ -1155,20 +1171,44 @@ def mixed_commits(results: dict[str, list[dict[str, Any]]], ref: str | None,
     """The pairs of the differences from the reference, and of the spec's ``pairs`` (an
     arm's run and its reference's at the same seed), whose runs ran on different code
     (:func:`run_versions`), each with the commits of both."""
-    compared = [(name, ref) for name in results if ref in results and name != ref]
-    compared += [p for p in pairs if p not in compared and set(p) <= set(results)]
     out = []
-    for name, other_arm in compared:
-        by_seed = {r["seed"]: r for r in results[other_arm]}
-        for r in results[name]:
-            other = by_seed.get(r["seed"])
-            if other is None:
-                continue
-            mine, theirs = run_versions(r), run_versions(other)
-            if len(mine) > 1 or {k for _, k in mine} != {k for _, k in theirs}:
-                out.append({"arm": name, "seed": r["seed"], "commit": version_label(r),
-                            "reference": other_arm, "reference_commit": version_label(other)})
+    for name, other_arm, r, other in _paired_runs(results, ref, pairs):
+        mine, theirs = run_versions(r), run_versions(other)
+        if len(mine) > 1 or {k for _, k in mine} != {k for _, k in theirs}:
+            out.append({"arm": name, "seed": r["seed"], "commit": version_label(r),
+                        "reference": other_arm, "reference_commit": version_label(other)})
     return out
+
+
+def run_threads(rec: dict[str, Any]) -> list[int]:
+    """The thread counts (``OMP_NUM_THREADS``) a result's run ran with, over its attempts."""
+    got = [a.get("threads") for a in rec.get("attempts") or []] or [rec.get("omp_threads")]
+    return sorted({int(t) for t in got if t is not None})
+
+
+def mixed_threads(results: dict[str, list[dict[str, Any]]], ref: str | None,
+                  pairs: Sequence[tuple[str, str]] = ()) -> list[dict[str, Any]]:
+    """The paired runs (as :func:`mixed_commits`) that ran with different thread counts:
+    torch's CPU reductions then sum in another order, and two runs of one seed part ways
+    as they would on different code. A run whose threads are not recorded is not listed."""
+    out = []
+    for name, other_arm, r, other in _paired_runs(results, ref, pairs):
+        mine, theirs = run_threads(r), run_threads(other)
+        if mine and theirs and (len(mine) > 1 or mine != theirs):
+            out.append({"arm": name, "seed": r["seed"], "threads": mine,
+                        "reference": other_arm, "reference_threads": theirs})
+    return out
+
+
+def mixed_threads_lines(t: dict[str, Any]) -> list[str]:
+    """One line per pair of arms naming its runs that :func:`mixed_threads` found."""
+    by_pair: dict[tuple[str, str], list[str]] = {}
+    for m in t.get("mixed_threads", []):
+        by_pair.setdefault((m["arm"], m["reference"]), []).append(
+            f"seed {m['seed']} {'/'.join(map(str, m['threads']))} vs "
+            f"{'/'.join(map(str, m['reference_threads']))}")
+    return [f"- `{arm}` - `{ref}`: " + "; ".join(seeds)
+            for (arm, ref), seeds in by_pair.items()]
 
 
 def mixed_commits_lines(t: dict[str, Any]) -> list[str]:
@@ -1263,6 +1303,11 @@ def table_markdown(t: dict[str, Any]) -> str:
                     "the difference measures the code's drift as well as the arm; "
                     f"`python benchmarks/grid.py {t['grid']} --rerun-stale <commit>` reruns "
                     "them on one):", "", *lines]
+        if lines := mixed_threads_lines(t):
+            out += ["", f"**Warning: {len(t['mixed_threads'])} of these pairs compare runs "
+                    "with different thread counts** (`OMP_NUM_THREADS`: torch's sums then "
+                    "run in another order and the runs part ways as on different code; "
+                    "`--jobs` sets it, cpus // jobs):", "", *lines]
     out += generalization_markdown(t.get("generalization") or {})
     notes = [f"- `{n}`: configs differ across seeds in "
              + ", ".join(a["config_differs_across_seeds"])
@@ -1357,6 +1402,10 @@ def write_table(spec: GridSpec, results_dir: Path = RESULTS) -> list[Path]:
     if lines := mixed_commits_lines(t):
         print(f"warning: grid {spec.name}: {len(t['mixed_commits'])} paired run(s) differ "
               "from their reference run in code:\n" + "\n".join(lines), file=sys.stderr)
+    if lines := mixed_threads_lines(t):
+        print(f"warning: grid {spec.name}: {len(t['mixed_threads'])} paired run(s) ran with "
+              "other thread counts than their reference run:\n" + "\n".join(lines),
+              file=sys.stderr)
     return paths
 
 

@@ -673,3 +673,30 @@ def test_pairs_give_each_arms_loss_and_the_difference_between_losses(tmp_path):
     assert "- `b_noisy` - `b`: seed 2" in md
     with pytest.raises(grid.SpecError, match="pairs"):
         grid.load_spec(_spec_file(tmp_path, pairs=[["a", "nope"]]))
+
+
+def test_table_warns_when_paired_runs_ran_with_other_thread_counts(tmp_path, capsys):
+    """A pair whose runs used different OMP_NUM_THREADS (or a run resumed with another
+    count) is named, beside the mixed-code warning; unrecorded threads are not guessed."""
+    res = tmp_path / "results"
+    c = "c" * 40
+    attempt = {"commit": c, "code_id": "code1", "dirty": False}
+    threads = {("a", 0): [2], ("a", 1): [1], ("a", 2): [1],
+               ("b", 0): [1], ("b", 1): [1], ("b", 2): [1, 2]}
+    for (arm, seed), ts in threads.items():
+        r = _result(arm, seed, (5, 10, 8.0))
+        del r["git"]
+        _write(res / "g" / f"{arm}-seed{seed}.json",
+               {**r, "attempts": [{**attempt, "threads": t} for t in ts]})
+    _write(res / "g" / "c-seed0.json", _result("c", 0, (5, 10, 8.0)))  # no threads recorded
+    spec = grid.load_spec(_spec_file(tmp_path, arms=[{"name": "a"}, {"name": "b"},
+                                                     {"name": "c"}]))
+    assert grid.main([str(spec.path), "--table", "--results-dir", str(res)]) == 0
+    err = capsys.readouterr().err
+    assert "2 paired run(s) ran with other thread counts than their reference run" in err
+    assert "- `b` - `a`: seed 0 1 vs 2; seed 2 1/2 vs 1\n" in err
+    assert "differ from their reference run in code" in err  # c's unknown commit
+    md = (res / "g" / "table.md").read_text()
+    assert "**Warning: 2 of these pairs compare runs with different thread counts**" in md
+    t = json.loads((res / "g" / "table.json").read_text())
+    assert [(m["arm"], m["seed"]) for m in t["mixed_threads"]] == [("b", 0), ("b", 2)]
