@@ -181,3 +181,34 @@ def test_cache_keeps_the_latest_goals_and_answers_the_same(tok, feats):
     again = small.encode(tok, [build_prompt(goals[0])], 512)["lang"]  # recomputed
     assert torch.allclose(again, first[0], atol=1e-5)
     assert list(small._cache) == [goals[2], goals[0]]
+
+
+def test_goal_token_dropout_trains_through_the_features_and_acts_with_everything(feats):
+    from digirl_lite.errors import ConfigError
+    from digirl_lite.train.config import sim_quick
+    from digirl_lite.train.starting import sft_key
+
+    torch.manual_seed(0)
+    p = AutoUIPolicy.sim_preset(seed=0, goal_features="minilm", goal_token_dropout=0.9)
+    p.goal_features = feats
+    assert p.model.config.lang_token_dropout == 0.9
+    prompts = [build_prompt("At ebay.com, look up a crucial mx500 ssd", LAST)]
+    img = np.zeros((1, p.img_dim), np.float32)
+    p.model.eval()
+    a, b = p.log_prob(prompts, img, [LAST]), p.log_prob(prompts, img, [LAST])
+    assert torch.equal(a, b)  # acting and scoring in eval mode: every embedding kept
+    p.model.train()
+    drawn = {round(float(p.log_prob(prompts, img, [LAST]).detach()), 4) for _ in range(4)}
+    assert len(drawn) > 1  # training mode drops goal embeddings at random
+    # the prompt's tokens before the goal keep theirs: the encoder's input there is unchanged
+    enc = p._encode_prompts(prompts)
+    goal = enc["lang"].abs().sum(-1) > 0
+    assert goal.any() and (~goal).any()
+    p.model.eval()
+    with pytest.raises(ConfigError, match="goal_token_dropout"):
+        sim_quick(goal_token_dropout=0.5)  # without goal features
+    with pytest.raises(ConfigError, match="goal_token_dropout"):
+        sim_quick(goal_features="minilm", goal_token_dropout=0.5, algorithm="ppo",
+                  starting_policy="sft")
+    on = sim_quick(goal_features="minilm", goal_token_dropout=0.5, starting_policy="sft")
+    assert sft_key(on) != sft_key(sim_quick(goal_features="minilm", starting_policy="sft"))

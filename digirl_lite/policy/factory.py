@@ -59,7 +59,8 @@ def fresh_policy(c: Any) -> Policy:
             gradient_checkpointing=c.gradient_checkpointing, seed=c.sft_seed)
     from digirl_lite.policy.policy import AutoUIPolicy
 
-    return AutoUIPolicy.sim_preset(seed=c.sft_seed, goal_features=c.goal_features)
+    return AutoUIPolicy.sim_preset(seed=c.sft_seed, goal_features=c.goal_features,
+                                   goal_token_dropout=c.goal_token_dropout)
 
 
 def initial_policy(c: Any) -> Policy:
@@ -85,7 +86,8 @@ def initial_policy(c: Any) -> Policy:
         except (OSError, ValueError) as e:
             raise ConfigError(f"starting_policy {str(d)!r}: {e}") from None
     if d is None:
-        return AutoUIPolicy.sim_preset(seed=c.seed, goal_features=c.goal_features)
+        return AutoUIPolicy.sim_preset(seed=c.seed, goal_features=c.goal_features,
+                                       goal_token_dropout=c.goal_token_dropout)
     if found == "vlm":
         raise ConfigError(f"starting_policy {str(d)!r} holds a saved VLM policy: set policy "
                           "'vlm' (and policy_path its base model)")

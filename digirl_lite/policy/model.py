@@ -59,6 +59,14 @@ class _FusedEncoder:
                                  f"{m.lang_dim}): pass lang, (B, T, {m.lang_dim})")
             if inputs_embeds is None:
                 inputs_embeds = m.shared(input_ids)
+            if m.training and m.lang_token_dropout > 0:
+                # the goal's own token embeddings dropped at random while training, so the
+                # model learns to read the goal through the pretrained features too: with
+                # both, it found the product from the few train phrasings' own words and cut
+                # held-out phrasings at the wrong words (benchmarks/span_generalization.py)
+                goal = lang.abs().sum(-1, keepdim=True) > 0
+                drop = torch.rand(goal.shape, device=goal.device) < m.lang_token_dropout
+                inputs_embeds = inputs_embeds * ~(goal & drop)
             inputs_embeds = inputs_embeds + m.lang_dense(lang.to(inputs_embeds.dtype))
             input_ids = None
         out = m.encoder(input_ids=input_ids, attention_mask=attention_mask,
@@ -80,7 +88,8 @@ class AutoUIModel(T5ForConditionalGeneration):
             vector before the fusion; ``config.lang_dim`` (default 0: none) the size of
             the goal features added to the token embeddings (``lang_dense``;
             :mod:`digirl_lite.policy.goal_features`, whose encoder ``config.goal_encoder``
-            names).
+            names); ``config.lang_token_dropout`` (default 0) the chance that a goal token's
+            own embedding is dropped in training mode.
     """
 
     def __init__(self, config: T5Config) -> None:
@@ -95,6 +104,8 @@ class AutoUIModel(T5ForConditionalGeneration):
         self.gate_dense = nn.Linear(2 * d, d)
         self.lang_dim = int(getattr(config, "lang_dim", 0) or 0)
         config.lang_dim = self.lang_dim
+        self.lang_token_dropout = float(getattr(config, "lang_token_dropout", 0.0) or 0.0)
+        config.lang_token_dropout = self.lang_token_dropout
         if self.lang_dim:
             self.lang_dense = nn.Linear(self.lang_dim, d)
         self.post_init()

@@ -448,11 +448,13 @@ class AutoUIPolicy:
 
     @classmethod
     def sim_preset(cls, seed: int = 0, tokenizer_dir: str | Path | None = None,
-                   goal_features: str | None = None, **overrides: Any) -> AutoUIPolicy:
+                   goal_features: str | None = None, goal_token_dropout: float = 0.0,
+                   **overrides: Any) -> AutoUIPolicy:
         """The tiny simulator model (fresh weights, seeded) with the shipped tokenizer;
         ``goal_features`` (an encoder of :data:`~digirl_lite.policy.goal_features.
         GOAL_ENCODERS`, None or "none": no features) gives it the frozen encoder's reading
-        of the goal."""
+        of the goal; ``goal_token_dropout`` the chance, in training, that a goal token's own
+        embedding is dropped (so the model learns to read the goal through the features)."""
         from transformers import T5Config
 
         from digirl_lite.paths import data_dir
@@ -469,6 +471,7 @@ class AutoUIPolicy:
 
             feats = GoalFeatures(goal_features)
             config.lang_dim, config.goal_encoder = feats.dim, feats.name
+            config.lang_token_dropout = float(goal_token_dropout)
         torch.manual_seed(seed)
         return cls(AutoUIModel(config), tok, goal_features=feats)
 

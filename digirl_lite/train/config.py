@@ -261,6 +261,11 @@ class DigiRLConfig:
     in phrasings it was not trained on). It changes the policy's shape: the starting policy
     is built with it (``starting_policy`` "sft", or a directory saved with it); "none": the
     preset as shipped."""
+    goal_token_dropout: float = 0.0
+    """With ``goal_features``: the chance, at every training update (SFT and the learners'),
+    that a goal token's own embedding is dropped, leaving the pretrained features alone there
+    (:mod:`digirl_lite.policy.goal_features`). The policy keeps every embedding when it acts.
+    Part of the starting policy's key."""
     starting_policy: str = "sft"
     """"sft" (fine-tune on the simulator's expert demonstrations, cached), "shipped" (the
     checkpoint ``policies/sft-<world>`` shipped in the package's ``assets/``, built by
@@ -828,10 +833,16 @@ class DigiRLConfig:
                 raise ConfigError(f"goal_features: the goal features are the Auto-UI "
                                   f"policy's; policy {self.policy!r} reads its prompt with "
                                   "its own pretrained model (set goal_features 'none')")
+            if not 0.0 <= self.goal_token_dropout < 1.0:
+                raise ConfigError(f"goal_token_dropout must be in [0, 1), got "
+                                  f"{self.goal_token_dropout}")
             if self.starting_policy == "shipped":
                 raise ConfigError("goal_features: the shipped starting policies read no goal "
                                   "features; set starting_policy 'sft' (built and cached with "
                                   "them) or a directory saved with them")
+        elif self.goal_token_dropout:
+            raise ConfigError("goal_token_dropout drops goal tokens' embeddings in favour of "
+                              "the goal features: set goal_features 'minilm' (or it to 0)")
         if self.policy == "autoui":
             if self.policy_path is not None:
                 raise ConfigError("policy_path is the base model of policy 'vlm'; policy "
@@ -872,6 +883,10 @@ class DigiRLConfig:
             raise ConfigError(f"copy_typed_text: algorithm={a!r} needs the recorded "
                               "log-probabilities under the distribution it scores, and the "
                               "copy mask changes them; run it with copy_typed_text false")
+        if self.goal_token_dropout:
+            raise ConfigError(f"goal_token_dropout={self.goal_token_dropout}: algorithm={a!r} "
+                              "scores the sampled tokens in training mode, where the dropped "
+                              "goal embeddings change their probabilities; set it to 0")
         if self.policy == "vlm" and self.vlm_dtype != "fp32":
             raise ConfigError(f"vlm_dtype={self.vlm_dtype!r}: algorithm={a!r} needs the "
                               "recorded log-probabilities to be the scored ones, and a bf16 "

@@ -38,7 +38,9 @@ def sft_key(cfg: Any) -> str:
                        *((("slip", c.sft_slip_rate),) if c.sft_slip_rate else ()),
                        *((("phrasing", c.sft_phrasing_share),) if c.sft_phrasing_share else ()),
                        *((("goal", c.goal_features),)
-                         if getattr(c, "goal_features", "none") != "none" else ()))
+                         if getattr(c, "goal_features", "none") != "none" else ()),
+                       *((("goal_drop", c.goal_token_dropout),)
+                         if getattr(c, "goal_token_dropout", 0.0) else ()))
 
 
 def save_starting_policy(policy: Any, cfg: Any, directory: str | Path) -> Path:
@@ -55,7 +57,8 @@ def save_starting_policy(policy: Any, cfg: Any, directory: str | Path) -> Path:
         "sft_copy_updates": cfg.sft_copy_updates,
         "sft_copy_share": cfg.sft_copy_share, "sft_slip_rate": cfg.sft_slip_rate,
         "sft_phrasing_share": cfg.sft_phrasing_share,
-        "goal_features": cfg.goal_features}, indent=1))
+        "goal_features": cfg.goal_features,
+        "goal_token_dropout": cfg.goal_token_dropout}, indent=1))
     return d
 
 
