@@ -23,6 +23,8 @@ same architecture, data, steps and seed:
     python benchmarks/span_generalization.py --out benchmarks/results/span_generalization.json
     python benchmarks/span_generalization.py --kinds frozen --seeds 0 1 2 \
         --out benchmarks/results/span_generalization_frozen.json
+    python benchmarks/span_generalization.py --kinds frozen --seeds 0 1 2 --token-dropout 0.5 \
+        --out benchmarks/results/span_generalization_frozen_drop.json
 
 Writes the exact-match rates per encoder and list, with the run's commit.
 """
@@ -86,8 +88,10 @@ class FrozenSpanModel(torch.nn.Module):
     """The ``frozen`` kind: a small from-scratch encoder whose token embeddings get the frozen
     pretrained encoder's states through a trained linear map."""
 
-    def __init__(self, encoder, d: int = 128, layers: int = 2) -> None:
+    def __init__(self, encoder, d: int = 128, layers: int = 2, token_dropout: float = 0.0
+                 ) -> None:
         super().__init__()
+        self.token_dropout = token_dropout  # as the policy's goal_token_dropout
         self.encoder = encoder.requires_grad_(False).eval()
         self.embed = torch.nn.Embedding(encoder.config.vocab_size, d)
         self.lang = torch.nn.Linear(encoder.config.hidden_size, d)
@@ -104,7 +108,11 @@ class FrozenSpanModel(torch.nn.Module):
         with torch.no_grad():
             h = self.encoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
         pos = torch.arange(input_ids.shape[1], device=input_ids.device)
-        x = self.embed(input_ids) + self.pos(pos)[None] + self.lang(h)
+        own = self.embed(input_ids)
+        if self.training and self.token_dropout > 0:
+            own = own * (torch.rand(input_ids.shape, device=own.device)
+                         >= self.token_dropout)[..., None]
+        x = own + self.pos(pos)[None] + self.lang(h)
         pad = ~attention_mask.bool()
         logits = self.head(self.body(x, src_key_padding_mask=pad))
         return (logits[..., 0].masked_fill(pad, -1e9), logits[..., 1].masked_fill(pad, -1e9))
@@ -135,7 +143,8 @@ def _predict(model, tokenizer, examples, batch=64) -> float:
     return hits / max(len(examples), 1)
 
 
-def train_and_score(kind: str, train, lists, steps: int, seed: int, lr: float) -> dict:
+def train_and_score(kind: str, train, lists, steps: int, seed: int, lr: float,
+                    token_dropout: float = 0.0) -> dict:
     from transformers import AutoConfig, AutoModel, AutoTokenizer
 
     from digirl_lite.critics.text import minilm_dir
@@ -145,7 +154,8 @@ def train_and_score(kind: str, train, lists, steps: int, seed: int, lr: float) -
     tokenizer = AutoTokenizer.from_pretrained(path)
     encoder = (AutoModel.from_pretrained(path) if kind in ("pretrained", "frozen")
                else AutoModel.from_config(AutoConfig.from_pretrained(path)))
-    model = FrozenSpanModel(encoder) if kind == "frozen" else SpanModel(encoder)
+    model = (FrozenSpanModel(encoder, token_dropout=token_dropout) if kind == "frozen"
+             else SpanModel(encoder))
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad],
                             lr=1e-3 if kind == "frozen" else lr)
     labelled = []
@@ -184,6 +194,9 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--kinds", nargs="+", default=["pretrained", "scratch"],
                     choices=["pretrained", "scratch", "frozen"],
                     help="encoders to train (frozen: lr 1e-3, only the small network trains)")
+    ap.add_argument("--token-dropout", type=float, default=0.0,
+                    help="frozen: the chance that a token's own embedding is dropped in "
+                         "training (the policy's goal_token_dropout)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     tasks = data_dir() / "tasks"
@@ -197,12 +210,14 @@ def main(argv: list[str] | None = None) -> dict:
     result: dict = {"commit": subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True,
                                              text=True).stdout.strip(),
                     "steps": args.steps, "lr": args.lr, "share": args.share,
+                    "token_dropout": args.token_dropout,
                     "lists": {k: len(v) for k, v in lists.items()}, "runs": []}
     for seed in args.seeds:
         train = _examples(rephrase_tasks(read("webshop_train.txt"), args.share, seed))
         for kind in args.kinds:
             r = {"encoder": kind, "seed": seed,
-                 **train_and_score(kind, train, lists, args.steps, seed, args.lr)}
+                 **train_and_score(kind, train, lists, args.steps, seed, args.lr,
+                                   args.token_dropout)}
             print(json.dumps(r), flush=True)
             result["runs"].append(r)
     summary = {}
