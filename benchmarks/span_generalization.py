@@ -25,6 +25,8 @@ same architecture, data, steps and seed:
         --out benchmarks/results/span_generalization_frozen.json
     python benchmarks/span_generalization.py --kinds frozen --seeds 0 1 2 --token-dropout 0.5 \
         --out benchmarks/results/span_generalization_frozen_drop.json
+    python benchmarks/span_generalization.py --kinds frozen --seeds 0 1 2 --token-dropout 1.0 \
+        --out benchmarks/results/span_generalization_frozen_only.json   # no own embeddings
 
 Writes the exact-match rates per encoder and list, with the run's commit.
 """
