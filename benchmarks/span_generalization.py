@@ -25,8 +25,6 @@ same architecture, data, steps and seed:
         --out benchmarks/results/span_generalization_frozen.json
     python benchmarks/span_generalization.py --kinds frozen --seeds 0 1 2 --token-dropout 0.5 \
         --out benchmarks/results/span_generalization_frozen_drop.json
-    python benchmarks/span_generalization.py --kinds frozen --seeds 0 1 2 --token-dropout 1.0 \
-        --out benchmarks/results/span_generalization_frozen_only.json   # no own embeddings
 
 Writes the exact-match rates per encoder and list, with the run's commit.
 """
@@ -201,6 +199,8 @@ def main(argv: list[str] | None = None) -> dict:
                          "training (the policy's goal_token_dropout)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
+    if not 0.0 <= args.token_dropout < 1.0:  # 1: embeddings never trained, yet read at test
+        ap.error(f"--token-dropout must be in [0, 1), got {args.token_dropout}")
     tasks = data_dir() / "tasks"
 
     def read(name: str) -> list[str]:
