@@ -43,7 +43,8 @@ def _lines() -> list[str]:
     lines = []
     for f in ("webshop_test.txt", "webshop_unseen_phrasings.txt", "general_test.txt"):
         lines += (data_dir() / "tasks" / f).read_text().splitlines()[:40]
-    lines += (AITW / "webshop_test.txt").read_text().splitlines()[:20]
+    if AITW.is_dir():  # the real AitW lines where the checkout has them (as test_copying)
+        lines += (AITW / "webshop_test.txt").read_text().splitlines()[:20]
     return [x for x in lines if x.strip()] + ["Goal: 日本語 café x", "ünïcödé razér kiyo"]
 
 
