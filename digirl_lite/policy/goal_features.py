@@ -116,20 +116,14 @@ class GoalFeatures:
             raise TypeError(f"goal_features needs a tokenizer that gives each token's "
                             f"characters (the simulator preset's SPTokenizer); "
                             f"{type(tokenizer).__name__} does not")
-        rows = [tokenizer.encode_spans(p, max_length) for p in prompts]
+        enc = tokenizer(list(prompts), max_length=max_length, spans=True)
         where = [goal_span(p) for p in prompts]
-        states = self._states([w[1] for w in where if w is not None])
-        it = iter(states)
-        width = max((len(ids) for ids, _ in rows), default=1)
-        ids_t = torch.full((len(rows), width), tokenizer.pad_token_id, dtype=torch.long)
-        mask = torch.zeros((len(rows), width), dtype=torch.long)
-        lang = torch.zeros((len(rows), width, self.dim))
-        for i, ((ids, spans), w) in enumerate(zip(rows, where)):
-            ids_t[i, :len(ids)] = torch.as_tensor(ids, dtype=torch.long)
-            mask[i, :len(ids)] = 1
+        it = iter(self._states([w[1] for w in where if w is not None]))
+        lang = torch.zeros((*enc["input_ids"].shape, self.dim))
+        for i, (spans, w) in enumerate(zip(enc.pop("spans"), where)):
             if w is not None:
-                lang[i, :len(ids)] = self.align(prompts[i], spans, next(it), w[0])
-        return {"input_ids": ids_t, "attention_mask": mask, "lang": lang}
+                lang[i, :len(spans)] = self.align(prompts[i], spans, next(it), w[0])
+        return {**enc, "lang": lang}
 
     def __repr__(self) -> str:
         return f"GoalFeatures({self.name!r}, dim={self.dim}, cached={len(self._cache)})"

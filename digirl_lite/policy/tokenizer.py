@@ -103,18 +103,24 @@ class SPTokenizer:
             ids, spans = ids[-max_length:], spans[-max_length:]  # as encode() cuts
         return ids, spans
 
-    def __call__(self, texts: Sequence[str], max_length: int | None = 512) -> dict[str, Any]:
-        """Right-padded ``input_ids`` and ``attention_mask`` (torch tensors)."""
+    def __call__(self, texts: Sequence[str], max_length: int | None = 512,
+                 spans: bool = False) -> dict[str, Any]:
+        """Right-padded ``input_ids`` and ``attention_mask`` (torch tensors); ``spans``:
+        also each text's token spans (:meth:`encode_spans`), a list per text."""
         import torch
 
-        seqs = [self.encode(t, max_length) for t in texts]
+        rows = [self.encode_spans(t, max_length) for t in texts] if spans else None
+        seqs = [ids for ids, _ in rows] if rows else [self.encode(t, max_length) for t in texts]
         n = max(len(s) for s in seqs)
         ids = torch.full((len(seqs), n), PAD_ID, dtype=torch.long)
         mask = torch.zeros((len(seqs), n), dtype=torch.long)
         for i, s in enumerate(seqs):
             ids[i, : len(s)] = torch.tensor(s)
             mask[i, : len(s)] = 1
-        return {"input_ids": ids, "attention_mask": mask}
+        out = {"input_ids": ids, "attention_mask": mask}
+        if rows:
+            out["spans"] = [sp for _, sp in rows]
+        return out
 
     def decode(self, ids: Iterable[int]) -> str:
         out = []
