@@ -41,7 +41,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from digirl_lite.envs.sim.phrasings import rephrase_tasks
+from digirl_lite.envs.sim.phrasings import TRAIN_PHRASING_SETS, rephrase_tasks
 from digirl_lite.envs.sim.tasks import UnsupportedTaskError, normalize_query, parse_task
 from digirl_lite.paths import data_dir
 
@@ -88,12 +88,17 @@ class FrozenSpanModel(torch.nn.Module):
     """The ``frozen`` kind: a small from-scratch encoder whose token embeddings get the frozen
     pretrained encoder's states through a trained linear map."""
 
-    def __init__(self, encoder, d: int = 128, layers: int = 2, token_dropout: float = 0.0
-                 ) -> None:
+    def __init__(self, encoder, d: int = 128, layers: int = 2, token_dropout: float = 0.0,
+                 scope: str = "all", own: str = "trained") -> None:
         super().__init__()
+        self.own = own  # "pretrained": the token embeddings are the encoder's input ones, frozen
         self.token_dropout = token_dropout  # as the policy's goal_token_dropout
+        self.scope = scope  # "context": never drop the answer's own tokens (forward's keep)
         self.encoder = encoder.requires_grad_(False).eval()
-        self.embed = torch.nn.Embedding(encoder.config.vocab_size, d)
+        if own == "pretrained":
+            self.own_dense = torch.nn.Linear(encoder.config.hidden_size, d)
+        else:
+            self.embed = torch.nn.Embedding(encoder.config.vocab_size, d)
         self.lang = torch.nn.Linear(encoder.config.hidden_size, d)
         with torch.no_grad():  # as AutoUIModel's lang_dense
             self.lang.weight.normal_(0.0, encoder.config.hidden_size ** -0.5)
@@ -104,14 +109,21 @@ class FrozenSpanModel(torch.nn.Module):
             enable_nested_tensor=False)
         self.head = torch.nn.Linear(d, 2)
 
-    def forward(self, input_ids, attention_mask):
+    def forward(self, input_ids, attention_mask, keep=None):
         with torch.no_grad():
             h = self.encoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
         pos = torch.arange(input_ids.shape[1], device=input_ids.device)
-        own = self.embed(input_ids)
+        if self.own == "pretrained":
+            with torch.no_grad():
+                own = self.encoder.embeddings.word_embeddings(input_ids)
+            own = self.own_dense(own)
+        else:
+            own = self.embed(input_ids)
         if self.training and self.token_dropout > 0:
-            own = own * (torch.rand(input_ids.shape, device=own.device)
-                         >= self.token_dropout)[..., None]
+            kept = torch.rand(input_ids.shape, device=own.device) >= self.token_dropout
+            if self.scope == "context" and keep is not None:
+                kept = kept | keep
+            own = own * kept[..., None]
         x = own + self.pos(pos)[None] + self.lang(h)
         pad = ~attention_mask.bool()
         logits = self.head(self.body(x, src_key_padding_mask=pad))
@@ -144,7 +156,9 @@ def _predict(model, tokenizer, examples, batch=64) -> float:
 
 
 def train_and_score(kind: str, train, lists, steps: int, seed: int, lr: float,
-                    token_dropout: float = 0.0) -> dict:
+                    token_dropout: float = 0.0, scope: str = "all") -> dict:
+    own = "pretrained" if kind == "frozen_emb" else "trained"
+    kind = "frozen" if kind == "frozen_emb" else kind
     from transformers import AutoConfig, AutoModel, AutoTokenizer
 
     from digirl_lite.critics.text import minilm_dir
@@ -154,8 +168,8 @@ def train_and_score(kind: str, train, lists, steps: int, seed: int, lr: float,
     tokenizer = AutoTokenizer.from_pretrained(path)
     encoder = (AutoModel.from_pretrained(path) if kind in ("pretrained", "frozen")
                else AutoModel.from_config(AutoConfig.from_pretrained(path)))
-    model = (FrozenSpanModel(encoder, token_dropout=token_dropout) if kind == "frozen"
-             else SpanModel(encoder))
+    model = (FrozenSpanModel(encoder, token_dropout=token_dropout, scope=scope, own=own)
+             if kind == "frozen" else SpanModel(encoder))
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad],
                             lr=1e-3 if kind == "frozen" else lr)
     labelled = []
@@ -169,9 +183,14 @@ def train_and_score(kind: str, train, lists, steps: int, seed: int, lr: float,
         rows = rng.sample(labelled, 32)
         enc = tokenizer([r[0] for r in rows], padding=True, truncation=True, max_length=64,
                         return_tensors="pt")
-        s, e = model(enc["input_ids"], enc["attention_mask"])
         a = torch.tensor([r[1] for r in rows])
         b = torch.tensor([r[2] for r in rows])
+        if kind == "frozen":  # the answer's pieces, which scope "context" never drops
+            at = torch.arange(enc["input_ids"].shape[1])[None]
+            s, e = model(enc["input_ids"], enc["attention_mask"],
+                         keep=(at >= a[:, None]) & (at <= b[:, None]))
+        else:
+            s, e = model(enc["input_ids"], enc["attention_mask"])
         loss = torch.nn.functional.cross_entropy(s, a) + torch.nn.functional.cross_entropy(e, b)
         opt.zero_grad()
         loss.backward()
@@ -192,11 +211,21 @@ def main(argv: list[str] | None = None) -> dict:
                     help="share of the train tasks rewritten with the train phrasings (the "
                          "varied_phrasing arm's sft_phrasing_share)")
     ap.add_argument("--kinds", nargs="+", default=["pretrained", "scratch"],
-                    choices=["pretrained", "scratch", "frozen"],
+                    choices=["pretrained", "scratch", "frozen", "frozen_emb"],
                     help="encoders to train (frozen: lr 1e-3, only the small network trains)")
     ap.add_argument("--token-dropout", type=float, default=0.0,
                     help="frozen: the chance that a token's own embedding is dropped in "
                          "training (the policy's goal_token_dropout)")
+    ap.add_argument("--dropout-scope", default="all", choices=["all", "context"],
+                    help="frozen: which tokens --token-dropout may drop: all, or only those "
+                         "outside the answer (the product keeps its own embedding)")
+    ap.add_argument("--phrasings", default="base", choices=sorted(TRAIN_PHRASING_SETS),
+                    help="the train phrasings the rewritten share is written with (the "
+                         "config's train_phrasings)")
+    ap.add_argument("--drills", type=int, default=0,
+                    help="add this many copy drills (the starting policy's: a train task "
+                         "with a made-up product, digirl_lite.rollout.pile.copy_drills, "
+                         "--share of them rephrased) to the train examples")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     if not 0.0 <= args.token_dropout < 1.0:  # 1: embeddings never trained, yet read at test
@@ -212,14 +241,24 @@ def main(argv: list[str] | None = None) -> dict:
     result: dict = {"commit": subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True,
                                              text=True).stdout.strip(),
                     "steps": args.steps, "lr": args.lr, "share": args.share,
-                    "token_dropout": args.token_dropout,
+                    "token_dropout": args.token_dropout, "dropout_scope": args.dropout_scope,
+                    "phrasings": args.phrasings, "drills": args.drills,
                     "lists": {k: len(v) for k, v in lists.items()}, "runs": []}
     for seed in args.seeds:
-        train = _examples(rephrase_tasks(read("webshop_train.txt"), args.share, seed))
+        train = _examples(rephrase_tasks(read("webshop_train.txt"), args.share, seed,
+                                         TRAIN_PHRASING_SETS[args.phrasings]))
+        if args.drills:
+            from itertools import islice
+
+            from digirl_lite.prompts import task_from_prompt
+            from digirl_lite.rollout.pile import copy_drills
+
+            train += [(task_from_prompt(p), q) for p, q in islice(copy_drills(
+                seed=seed, phrasing_share=args.share, phrasings=args.phrasings), args.drills)]
         for kind in args.kinds:
             r = {"encoder": kind, "seed": seed,
                  **train_and_score(kind, train, lists, args.steps, seed, args.lr,
-                                   args.token_dropout)}
+                                   args.token_dropout, args.dropout_scope)}
             print(json.dumps(r), flush=True)
             result["runs"].append(r)
     summary = {}

@@ -11,7 +11,9 @@ import pytest
 from digirl_lite.envs.sim.catalog import HELD_OUT_SITES, SITES, TRAIN_SITES
 from digirl_lite.envs.sim.phrasings import (
     HELD_OUT_PHRASINGS,
+    TRAIN_PHRASING_SETS,
     TRAIN_PHRASINGS,
+    WIDE_TRAIN_PHRASINGS,
     add_typo,
     rephrase,
     rephrase_tasks,
@@ -67,20 +69,44 @@ def test_the_two_phrasing_sets_share_no_wording():
         return {re.sub(r"[{][dq][}]|[,.]", "", t).strip().lower()
                 for t in (*p.level1, *p.level2, *p.select)}
 
-    train, held = words(TRAIN_PHRASINGS), words(HELD_OUT_PHRASINGS)
-    assert not train & held
+    held = words(HELD_OUT_PHRASINGS)
     verbs = {"look up", "find me", "i need", "show me", "get me", "take me to", "pull up",
              "bring up", "top result", "first one", "first option", "top match"}
-    for v in verbs:  # the held-out split's ways of asking never appear in a train template
-        assert not any(v in w for w in train), v
-        assert any(v in w for w in held), v
+    for name, phrasings in TRAIN_PHRASING_SETS.items():
+        train = words(phrasings)
+        assert not train & held, name
+        for v in verbs:  # the held-out split's ways of asking never appear in a train template
+            assert not any(v in w for w in train), (name, v)
+            assert any(v in w for w in held), v
+    # the wide set, written after the split was measured, keeps off its verbs and "top" too
+    for w in words(WIDE_TRAIN_PHRASINGS):
+        assert not re.search(r"\b(find|need|show|get|take|want|top|up)\b", w), w
+    assert set(words(TRAIN_PHRASINGS)) < set(words(WIDE_TRAIN_PHRASINGS))
+
+
+@pytest.mark.parametrize("name", sorted(TRAIN_PHRASING_SETS))
+def test_every_template_reads_back(name):
+    """Each template on its own (rephrase retries a draw that does not parse: a template the
+    parser never reads would pass unseen there), quoted, bare and with an article."""
+    p = TRAIN_PHRASING_SETS[name]
+    for q in ("bose 700", "'hp envy 13'", "a razer viper mini"):
+        for t in p.level1:
+            assert _key(t.format(d="ebay.com")) == ("webshop", "ebay", 1, None), t
+        for t in p.level2:
+            if q.startswith("a ") and t.startswith("Go to {d}, search for"):
+                continue  # AitW's form keeps the words as written; rephrase draws again
+            text = t.format(d="ebay.com", q=q)
+            want = q.strip("'").removeprefix("a ")
+            assert _key(text) == ("webshop", "ebay", 2, want), text
+            for sel in p.select:
+                assert _key(text + sel) == ("webshop", "ebay", 3, want), text + sel
 
 
 @pytest.mark.parametrize("which", ["train", "test"])
 def test_rephrase_keeps_site_level_and_product(which):
     lines = load_task_file(TASKS / f"webshop_{which}.txt")
     rng = random.Random(7)
-    for phrasings in (TRAIN_PHRASINGS, HELD_OUT_PHRASINGS):
+    for phrasings in (TRAIN_PHRASINGS, WIDE_TRAIN_PHRASINGS, HELD_OUT_PHRASINGS):
         out = [rephrase(line, phrasings, rng) for line in lines]
         assert [_key(o) for o in out] == [_key(line) for line in lines]
         assert sum(o != line for o, line in zip(out, lines)) > 0.8 * len(lines)
@@ -201,3 +227,39 @@ def test_phrasing_shares_are_checked():
     for name in ("phrasing_share", "sft_phrasing_share"):  # General has no phrasings
         with pytest.raises(ConfigError, match=f"{name}: the phrasings are Web Shopping's"):
             sim_webshop(world="general", **{name: 0.5})
+
+
+def test_train_phrasings_wide_reaches_every_use_and_key(tmp_path):
+    """``train_phrasings`` "wide": the train tasks, the demonstrations and the copy drills are
+    written with the wide set; the starting policy's and the pile's keys change with it (a
+    cached "base" policy is never read for "wide"); "base" keys as before."""
+    from itertools import islice
+
+    from digirl_lite.envs.setup import task_list
+    from digirl_lite.errors import ConfigError
+    from digirl_lite.rollout.pile import copy_drills
+    from digirl_lite.train.config import sim_quick, sim_webshop
+    from digirl_lite.train.starting import sft_key
+    from digirl_lite.train.trainer import Trainer
+
+    base = sim_webshop(phrasing_share=1.0, sft_phrasing_share=1.0)
+    wide = sim_webshop(phrasing_share=1.0, sft_phrasing_share=1.0, train_phrasings="wide")
+    a, b = task_list(base, "train"), task_list(wide, "train")
+    assert [(t.site, t.level, t.query) for t in a] == [(t.site, t.level, t.query) for t in b]
+    only_wide = ("hey", "ok,", "please", "would you", "navigate", " via ", " in ", "check")
+    assert not any(w in t.text.lower() for t in a for w in only_wide)
+    assert sum(any(w in t.text.lower() for w in only_wide) for t in b) > 0.2 * len(b)
+    drills = [p for p, _ in islice(copy_drills(seed=0, phrasing_share=1.0, phrasings="wide"),
+                                   200)]
+    assert sum(any(w in p.lower() for w in only_wide) for p in drills) > 40
+    assert sft_key(wide) != sft_key(base)
+    assert sft_key(sim_webshop(sft_phrasing_share=1.0, train_phrasings="base")) == sft_key(base)
+    keys = [Trainer(c, tmp_path / str(i), cache_dir=None, progress=False).pile_key()
+            for i, c in enumerate((sim_quick(phrasing_share=1.0),
+                                   sim_quick(phrasing_share=1.0, train_phrasings="wide"),
+                                   sim_quick(phrasing_share=1.0, train_phrasings="base")))]
+    assert keys[0] != keys[1] and keys[0] == keys[2]
+    with pytest.raises(ConfigError, match="train_phrasings must be one of"):
+        sim_webshop(phrasing_share=0.5, train_phrasings="narrow")
+    with pytest.raises(ConfigError, match="train_phrasings 'wide' changes nothing"):
+        sim_webshop(train_phrasings="wide")

@@ -148,8 +148,8 @@ def vary_products(tasks: list[str], n: int, seed: int = 0) -> list[str]:
 
 
 def copy_drills(seed: int = 0, real_share: float = 0.35,
-                world: str = "webshop", phrasing_share: float = 0.0
-                ) -> Iterator[tuple[str, str]]:
+                world: str = "webshop", phrasing_share: float = 0.0,
+                phrasings: str = "base") -> Iterator[tuple[str, str]]:
     """Endless ``(prompt, product)`` pairs: a policy prompt whose goal asks to search for a
     made-up product (a Web Shopping train task with its product replaced), and the product.
     ``world="general"``: a General train search with its names replaced
@@ -160,8 +160,8 @@ def copy_drills(seed: int = 0, real_share: float = 0.35,
     expert's actions (:meth:`digirl_lite.train.Trainer.train_sft`). Without them it learned
     a language model of product-like strings and mistyped every unseen product (0 of 64
     held-out searches). ``phrasing_share``: that share of the Web Shopping goals written with
-    the train phrasings (:data:`~digirl_lite.envs.sim.phrasings.TRAIN_PHRASINGS`), so the
-    product is copied from wherever people put it."""
+    the train phrasings (``phrasings``: a name of :data:`~digirl_lite.envs.sim.phrasings.
+    TRAIN_PHRASING_SETS`), so the product is copied from wherever people put it."""
     from digirl_lite.envs.sim.tasks import load_task_file
     from digirl_lite.paths import data_dir
     from digirl_lite.prompts import build_prompt
@@ -183,15 +183,15 @@ def copy_drills(seed: int = 0, real_share: float = 0.35,
     if phrasing_share:
         import random
 
-        from digirl_lite.envs.sim.phrasings import TRAIN_PHRASINGS, rephrase
+        from digirl_lite.envs.sim.phrasings import TRAIN_PHRASING_SETS, rephrase
 
-        prng = random.Random(seed)
+        prng, templates = random.Random(seed), TRAIN_PHRASING_SETS[phrasings]
     while True:
         p = product()
         task = _QUOTED.sub(lambda m, p=p: f"{m[1]}{p}{m[1]}",
                            tasks[int(rng.integers(len(tasks)))], count=1)
         if phrasing_share and prng.random() < phrasing_share:
-            task = rephrase(task, TRAIN_PHRASINGS, prng)
+            task = rephrase(task, templates, prng)
         yield build_prompt(task), p
 
 
@@ -247,7 +247,7 @@ def generate_pile(
 def generate_demos(
     world: str = "webshop", n: int = 400, seed: int = 0, day: int = 1,
     surprise_rate: float = 0.0, varied_products: bool = False, slip_rate: float = 0.0,
-    phrasing_share: float = 0.0,
+    phrasing_share: float = 0.0, phrasings: str = "base",
 ) -> tuple[list[Trajectory], ScreenTable, PileStats]:
     """The expert's demonstrations on ``world``'s train tasks: clean (no surprises) by
     default; ``surprise_rate`` scales the default surprise probabilities (0.1: a tenth of
@@ -259,7 +259,7 @@ def generate_demos(
     detours, as people's do. ``phrasing_share``: that share of the Web Shopping tasks
     written with the train phrasings (:func:`~digirl_lite.envs.sim.phrasings.
     rephrase_tasks`: "Search costco.com for ...", "look for ... at ebay.com and click the
-    first result"), as people phrase requests many ways."""
+    first result"; ``phrasings`` names the set), as people phrase requests many ways."""
     tasks = None
     if varied_products or phrasing_share:
         from digirl_lite.envs.sim.tasks import load_task_file
@@ -269,9 +269,9 @@ def generate_demos(
         if varied_products:
             tasks = (vary_queries if world == "general" else vary_products)(tasks, n, seed)
         if phrasing_share:
-            from digirl_lite.envs.sim.phrasings import rephrase_tasks
+            from digirl_lite.envs.sim.phrasings import TRAIN_PHRASING_SETS, rephrase_tasks
 
-            tasks = rephrase_tasks(tasks, phrasing_share, seed)
+            tasks = rephrase_tasks(tasks, phrasing_share, seed, TRAIN_PHRASING_SETS[phrasings])
     def demonstrator(i: int):
         if slip_rate:
             return SlippingExpert(slip_rate, seed=_episode_seed(seed + 11, i))

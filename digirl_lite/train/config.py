@@ -211,6 +211,12 @@ class DigiRLConfig:
     phase's) written with the train phrasings instead of AitW's one (issue 32, item 5;
     :func:`~digirl_lite.envs.sim.phrasings.rephrase_tasks`, fixed by ``seed``); the held-out
     phrasings are never among them. 0: the list as written."""
+    train_phrasings: str = "base"
+    """Which train phrasings ``phrasing_share`` and ``sft_phrasing_share`` write with
+    (:data:`~digirl_lite.envs.sim.phrasings.TRAIN_PHRASING_SETS`): "base" (12 templates) or
+    "wide" (34, with prefixes, more prepositions and articles:
+    :data:`~digirl_lite.envs.sim.phrasings.WIDE_TRAIN_PHRASINGS`). Neither holds a held-out
+    phrasing. Part of the starting policy's and the pile's keys."""
     test_task_file: str | None = None
     """Held-out task list; None: the shipped test list of ``world``."""
     horizon: int | None = None
@@ -732,6 +738,15 @@ class DigiRLConfig:
             if getattr(self, name) and self.world != "webshop":
                 raise ConfigError(f"{name}: the phrasings are Web Shopping's; world "
                                   f"{self.world!r} has none (set it to 0)")
+        from digirl_lite.envs.sim.phrasings import TRAIN_PHRASING_SETS
+
+        if self.train_phrasings not in TRAIN_PHRASING_SETS:
+            raise ConfigError(f"train_phrasings must be one of "
+                              f"{', '.join(TRAIN_PHRASING_SETS)}, got {self.train_phrasings!r}")
+        if self.train_phrasings != "base" and not (self.phrasing_share
+                                                   or self.sft_phrasing_share):
+            raise ConfigError(f"train_phrasings {self.train_phrasings!r} changes nothing "
+                              "while phrasing_share and sft_phrasing_share are 0: set one")
         if self.phrasing_share and self.env != "sim":
             raise ConfigError("phrasing_share: rephrasing train tasks is the simulated "
                               f"phone's (env='sim'), not env={self.env!r}'s")

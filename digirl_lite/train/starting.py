@@ -37,6 +37,8 @@ def sft_key(cfg: Any) -> str:
                        c.sft_copy_updates, c.sft_copy_share, *policy,
                        *((("slip", c.sft_slip_rate),) if c.sft_slip_rate else ()),
                        *((("phrasing", c.sft_phrasing_share),) if c.sft_phrasing_share else ()),
+                       *((("phrasings", c.train_phrasings),)
+                         if c.sft_phrasing_share and c.train_phrasings != "base" else ()),
                        *((("goal", c.goal_features),)
                          if getattr(c, "goal_features", "none") != "none" else ()),
                        *((("goal_drop", c.goal_token_dropout),)
@@ -56,7 +58,7 @@ def save_starting_policy(policy: Any, cfg: Any, directory: str | Path) -> Path:
         "sft_varied_products": cfg.sft_varied_products,
         "sft_copy_updates": cfg.sft_copy_updates,
         "sft_copy_share": cfg.sft_copy_share, "sft_slip_rate": cfg.sft_slip_rate,
-        "sft_phrasing_share": cfg.sft_phrasing_share,
+        "sft_phrasing_share": cfg.sft_phrasing_share, "train_phrasings": cfg.train_phrasings,
         "goal_features": cfg.goal_features,
         "goal_token_dropout": cfg.goal_token_dropout}, indent=1))
     return d
@@ -122,7 +124,8 @@ def train_sft(cfg: Any, features: Any, *, device: Any = "cpu", process_index: in
                                         surprise_rate=c.sft_surprise_rate,
                                         varied_products=c.sft_varied_products,
                                         slip_rate=c.sft_slip_rate,
-                                        phrasing_share=c.sft_phrasing_share)
+                                        phrasing_share=c.sft_phrasing_share,
+                                        phrasings=c.train_phrasings)
     features.fill(dscreens)
     steps = [s for t in demos for s in t.steps]
     policy = fresh_policy(c).to(device)
@@ -130,7 +133,7 @@ def train_sft(cfg: Any, features: Any, *, device: Any = "cpu", process_index: in
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda u: min(1.0, (u + 1) / 50))
     rng = np.random.default_rng([c.sft_seed, process_index])
     drills = copy_drills(seed=c.sft_seed * 1009 + process_index, world=c.world,
-                         phrasing_share=c.sft_phrasing_share)
+                         phrasing_share=c.sft_phrasing_share, phrasings=c.train_phrasings)
     if policy.screen_input == "features":
         no_image: Any = np.zeros((c.sft_batch, policy.img_dim), dtype=np.float32)
     else:  # a VLM's drills show it a blank screen

@@ -518,6 +518,8 @@ class Trainer:
         devices += (("surprises", sorted(c.sim_surprises.items())),) if c.sim_surprises else ()
         devices += (("faults", sorted(c.sim_faults.items())),) if c.sim_faults else ()
         devices += (("phrasing", c.phrasing_share),) if c.phrasing_share else ()
+        devices += ((("phrasings", c.train_phrasings),)
+                    if c.phrasing_share and c.train_phrasings != "base" else ())
         devices += (("copy_typed_text", True),) if c.copy_typed_text else ()
         return self._cache_key("pile-v3", c.world, c.seed, c.pile_size, c.judge, c.temperature,
                                c.constrained_decoding, c.max_new_tokens, c.horizon, c.task_file,

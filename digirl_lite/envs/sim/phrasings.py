@@ -24,8 +24,8 @@ from dataclasses import dataclass, replace
 from digirl_lite.envs.sim.catalog import SITES
 from digirl_lite.envs.sim.tasks import TYPO_KEYWORDS, Task, UnsupportedTaskError, parse_task
 
-__all__ = ["Phrasings", "TRAIN_PHRASINGS", "HELD_OUT_PHRASINGS", "rephrase", "rephrase_tasks",
-           "add_typo"]
+__all__ = ["Phrasings", "TRAIN_PHRASINGS", "WIDE_TRAIN_PHRASINGS", "TRAIN_PHRASING_SETS",
+           "HELD_OUT_PHRASINGS", "rephrase", "rephrase_tasks", "add_typo"]
 
 
 @dataclass(frozen=True)
@@ -63,6 +63,29 @@ TRAIN_PHRASINGS = Phrasings(
     quote_p=0.5, article_p=0.0, lower_p=0.4, typo_p=0.25,
 )
 
+WIDE_TRAIN_PHRASINGS = Phrasings(
+    level1=TRAIN_PHRASINGS.level1 + ("Navigate to {d}", "Head over to {d}", "hey, visit {d}",
+                                     "Would you go to {d}", "ok, navigate to {d} now",
+                                     "Open {d} for me"),
+    level2=TRAIN_PHRASINGS.level2 + (
+        "Search for {q} in {d}", "Look for {q} via {d}", "Shop for {q} from {d}",
+        "Search for {q} at {d}", "Check {q} on {d}", "hey, search for {q} on {d}",
+        "ok, shop for {q} at {d}", "Please search for {q} in {d}",
+        "Would you look for {q} on {d}", "Navigate to {d} and search for {q}",
+        "Head over to {d} then look for {q}", "Go to {d} and shop for {q}",
+        "Visit {d}, then search {q}", "On {d}: search for {q}", "On {d}, shop for {q}",
+        "Open {d}, look for {q}"),
+    select=TRAIN_PHRASINGS.select + (" then click on the first link", " and tap the 1st hit",
+                                     ", choose the first item", " and select the 1st listing"),
+    quote_p=0.4, article_p=0.3, lower_p=0.4, typo_p=0.25,
+)
+"""More of people's ways than :data:`TRAIN_PHRASINGS` (``train_phrasings`` "wide"): 24
+searches and 10 site visits, with prefixes ("hey", "ok", "please", "would you"), more
+prepositions ("in", "via", "from") and articles ("search for a ..."). Written after the
+held-out split had been measured, so kept apart from it by rule: no held-out template, verb
+("look up", "find", "need", "show", "get", "take", "pull up", "bring up", "want"), "top" or
+held-out "first entry" wording (``tests/test_phrasings.py`` checks)."""
+
 HELD_OUT_PHRASINGS = Phrasings(
     level1=("take me to {d}", "pull up {d} please", "bring up {d}", "i want to go to {d}",
             "could you open up {d}"),
@@ -73,6 +96,9 @@ HELD_OUT_PHRASINGS = Phrasings(
             " and grab the top match"),
     quote_p=0.3, article_p=0.3, lower_p=0.7, typo_p=0.4,
 )
+
+TRAIN_PHRASING_SETS = {"base": TRAIN_PHRASINGS, "wide": WIDE_TRAIN_PHRASINGS}
+"""What the config's ``train_phrasings`` may name."""
 
 # The words a typo may hit: the parser's (it reads them back), less "then" and "want" (the
 # shipped split was drawn without them).
