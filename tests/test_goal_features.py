@@ -213,3 +213,68 @@ def test_goal_token_dropout_trains_through_the_features_and_acts_with_everything
                   starting_policy="sft")
     on = sim_quick(goal_features="minilm", goal_token_dropout=0.5, starting_policy="sft")
     assert sft_key(on) != sft_key(sim_quick(goal_features="minilm", starting_policy="sft"))
+
+
+def test_pretrained_token_table_is_frozen_distinct_and_saved(feats, tmp_path):
+    """``token_embeddings`` "minilm": every piece of the vocabulary gets its own row (copying
+    tells them apart), words MiniLM knows as alike sit closer than unlike ones, the table is
+    never trained (nor the head tied to it) and comes back from a save; the config names the
+    field and keys the starting policy with it."""
+    from digirl_lite.errors import ConfigError
+    from digirl_lite.policy.factory import initial_policy
+    from digirl_lite.policy.goal_features import pretrained_token_table
+    from digirl_lite.train.config import sim_quick
+    from digirl_lite.train.starting import sft_key
+
+    tok = SPTokenizer(data_dir() / "tokenizer" / SIM_TOKENIZER_FILE)
+    table = pretrained_token_table(tok, 128, encoder=feats.encoder)
+    assert table.shape == (tok.vocab_size, 128)
+    assert len({tuple(r) for r in table.round(decimals=4).tolist()}) == tok.vocab_size
+    assert torch.allclose(table.std(0), torch.ones(128), atol=1e-3)
+    sp = tok.sp
+
+    def row(word):
+        i = sp.PieceToId("\u2581" + word)
+        assert i != sp.unk_id(), word
+        return torch.nn.functional.normalize(table[i, :118], dim=0)
+
+    # prepositions sit closer to each other than to a product's word (MiniLM: 0.62 and 0.06)
+    assert row("for") @ row("in") > row("for") @ row("phone") + 0.3
+    assert row("to") @ row("in") > row("to") @ row("pro") + 0.3
+    with pytest.raises(ValueError, match="d_model"):
+        pretrained_token_table(tok, 8, encoder=feats.encoder)
+
+    p = AutoUIPolicy.sim_preset(seed=0, token_embeddings="minilm")
+    assert torch.equal(p.model.shared.weight, table)
+    assert not p.model.shared.weight.requires_grad
+    assert p.model.lm_head.weight is p.model.shared.weight  # the tied head is the table too
+    prompts = [build_prompt("At ebay.com, look up a crucial mx500 ssd")]
+    img = np.zeros((1, p.img_dim), np.float32)
+    opt = torch.optim.AdamW([q for q in p.parameters() if q.requires_grad], lr=0.1)
+    enc_before = p.model.encoder.block[0].layer[0].SelfAttention.q.weight.clone()
+    (-p.log_prob(prompts, img, [LAST]).sum()).backward()
+    opt.step()
+    assert torch.equal(p.model.shared.weight, table)
+    assert not torch.equal(p.model.encoder.block[0].layer[0].SelfAttention.q.weight, enc_before)
+    p.save(tmp_path / "lex")
+    again = AutoUIPolicy.load(tmp_path / "lex")
+    assert torch.equal(again.model.shared.weight, table)
+    assert not again.model.shared.weight.requires_grad
+    assert torch.allclose(again.log_prob(prompts, img, [LAST]), p.log_prob(prompts, img, [LAST]),
+                          atol=1e-5)
+
+    with pytest.raises(ValueError, match="token_embeddings must be one of"):
+        AutoUIPolicy.sim_preset(seed=0, token_embeddings="glove")
+    with pytest.raises(ConfigError, match="token_embeddings must be one of"):
+        sim_quick(token_embeddings="glove", starting_policy="sft")
+    with pytest.raises(ConfigError, match="token_embeddings: the shipped"):
+        sim_quick(token_embeddings="minilm", starting_policy="shipped")
+    with pytest.raises(ConfigError, match="token_embeddings: the table is the Auto-UI"):
+        sim_quick(token_embeddings="minilm", policy="vlm", policy_path=str(tmp_path))
+    on = sim_quick(token_embeddings="minilm", starting_policy="sft")
+    assert sft_key(on) != sft_key(sim_quick(starting_policy="sft"))
+    with pytest.raises(ConfigError, match="token_embeddings is 'trained'"):
+        initial_policy(sim_quick(starting_policy=str(tmp_path / "lex")))
+    got = initial_policy(sim_quick(starting_policy=str(tmp_path / "lex"),
+                                   token_embeddings="minilm"))
+    assert torch.equal(got.model.shared.weight, table)

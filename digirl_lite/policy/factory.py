@@ -60,7 +60,8 @@ def fresh_policy(c: Any) -> Policy:
     from digirl_lite.policy.policy import AutoUIPolicy
 
     return AutoUIPolicy.sim_preset(seed=c.sft_seed, goal_features=c.goal_features,
-                                   goal_token_dropout=c.goal_token_dropout)
+                                   goal_token_dropout=c.goal_token_dropout,
+                                   token_embeddings=c.token_embeddings)
 
 
 def initial_policy(c: Any) -> Policy:
@@ -87,7 +88,8 @@ def initial_policy(c: Any) -> Policy:
             raise ConfigError(f"starting_policy {str(d)!r}: {e}") from None
     if d is None:
         return AutoUIPolicy.sim_preset(seed=c.seed, goal_features=c.goal_features,
-                                       goal_token_dropout=c.goal_token_dropout)
+                                       goal_token_dropout=c.goal_token_dropout,
+                                       token_embeddings=c.token_embeddings)
     if found == "vlm":
         raise ConfigError(f"starting_policy {str(d)!r} holds a saved VLM policy: set policy "
                           "'vlm' (and policy_path its base model)")
@@ -100,4 +102,8 @@ def initial_policy(c: Any) -> Policy:
     if has != c.goal_features:
         raise ConfigError(f"starting_policy {str(d)!r} reads goal features {has!r}, but "
                           f"goal_features is {c.goal_features!r}: set it to {has!r}")
+    has = getattr(policy.model.config, "token_embeddings", None) or "trained"
+    if has != c.token_embeddings:
+        raise ConfigError(f"starting_policy {str(d)!r} has token embeddings {has!r}, but "
+                          f"token_embeddings is {c.token_embeddings!r}: set it to {has!r}")
     return policy

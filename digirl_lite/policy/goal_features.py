@@ -31,7 +31,7 @@ import torch
 
 from digirl_lite.prompts import task_from_prompt
 
-__all__ = ["GOAL_ENCODERS", "GoalFeatures", "goal_span"]
+__all__ = ["GOAL_ENCODERS", "GoalFeatures", "goal_span", "pretrained_token_table"]
 
 GOAL_ENCODERS = ("minilm",)
 """The encoders ``goal_features`` may name ("none": no features)."""
@@ -127,3 +127,49 @@ class GoalFeatures:
 
     def __repr__(self) -> str:
         return f"GoalFeatures({self.name!r}, dim={self.dim}, cached={len(self._cache)})"
+
+
+def pretrained_token_table(tokenizer: Any, d: int, encoder: Any = None, seed: int = 0
+                           ) -> torch.Tensor:
+    """(vocab, d) token embeddings for the policy's sentencepiece vocabulary from a pretrained
+    encoder's input embeddings (config ``token_embeddings`` "minilm"; issue 32, item 5).
+
+    A from-scratch policy learns one embedding per token from its training data: words it
+    never saw ("up", "me", "from" in a held-out phrasing) keep their random draw, and look to
+    it like the made-up words of a product, which it types. Here each piece gets the mean of
+    MiniLM's input embeddings of its word pieces (a continuation piece, MiniLM's ``##`` form
+    where it has one), so an unseen word sits beside the words like it. Projected on the
+    table's ``d - 10`` principal axes, then two flags (the piece starts a word; it holds a
+    capital: MiniLM is uncased) and 8 fixed random coordinates (every piece distinct, for
+    copying), each column scaled to T5's init (std 1). The model freezes the table
+    (``AutoUIModel``'s ``frozen_token_embeddings``): trained, the seen words would move and
+    the unseen would not (``benchmarks/span_generalization.py --kinds frozen_emb``).
+    """
+    if d <= 10:
+        raise ValueError(f"d_model {d} leaves no room for the pretrained axes (> 10 needed)")
+    if encoder is None:
+        from digirl_lite.critics.text import MiniLMEncoder
+
+        encoder = MiniLMEncoder(device="cpu")
+    tok, emb = encoder.tokenizer, encoder.model.get_input_embeddings().weight.detach().float()
+    unk = tok.unk_token_id
+    vocab = tokenizer.vocab_size
+    rows = torch.zeros(vocab, emb.shape[1])
+    flags = torch.zeros(vocab, 2)
+    for i in range(vocab):
+        piece = tokenizer.sp.IdToPiece(i)
+        start = piece.startswith("\u2581")
+        text = piece.lstrip("\u2581")
+        ids = tok(text, add_special_tokens=False)["input_ids"] if text else []
+        if ids and not start:  # a continuation: its first word piece in MiniLM's ## form
+            cont = tok.convert_tokens_to_ids("##" + tok.convert_ids_to_tokens(ids[0]))
+            if cont is not None and cont != unk:
+                ids[0] = cont
+        rows[i] = emb[ids].mean(0) if ids else emb[unk]
+        flags[i] = torch.tensor([float(start), float(text != text.lower())])
+    x = rows - rows.mean(0)
+    _, _, v = torch.linalg.svd(x, full_matrices=False)
+    proj = x @ v[:d - 10].T
+    rand = torch.randn(vocab, 8, generator=torch.Generator().manual_seed(seed))
+    table = torch.cat([proj, flags, rand], dim=1)
+    return (table - table.mean(0)) / table.std(0).clamp(min=1e-6)

@@ -89,7 +89,9 @@ class AutoUIModel(T5ForConditionalGeneration):
             the goal features added to the token embeddings (``lang_dense``;
             :mod:`digirl_lite.policy.goal_features`, whose encoder ``config.goal_encoder``
             names); ``config.lang_token_dropout`` (default 0) the chance that a goal token's
-            own embedding is dropped in training mode.
+            own embedding is dropped in training mode; ``config.frozen_token_embeddings``
+            (default False) keeps the token embeddings (and the head tied to them) out of
+            training (a pretrained table: ``config.token_embeddings``).
     """
 
     def __init__(self, config: T5Config) -> None:
@@ -109,6 +111,10 @@ class AutoUIModel(T5ForConditionalGeneration):
         if self.lang_dim:
             self.lang_dense = nn.Linear(self.lang_dim, d)
         self.post_init()
+        self.frozen_token_embeddings = bool(getattr(config, "frozen_token_embeddings", False))
+        config.frozen_token_embeddings = self.frozen_token_embeddings
+        if self.frozen_token_embeddings:  # (AutoUIPolicy freezes them again after a load)
+            self.shared.weight.requires_grad_(False)
         if self.lang_dim:  # T5's init draws it at std 1: ten times the token embeddings'
             # norm, which drowned which token a position holds (what copying needs)
             with torch.no_grad():

@@ -18,10 +18,14 @@ from digirl_lite.policy.model import AutoUIModel
 from digirl_lite.policy.tokenizer import SIM_TOKENIZER_FILE, HFTokenizer, SPTokenizer
 from digirl_lite.policy.value_head import VALUE_BIAS, ValueHead
 
-__all__ = ["AutoUIPolicy", "SIM_PRESET", "REFERENCE_CLAMP", "ValueHead", "VALUE_BIAS",
-           "Sample"]
+__all__ = ["AutoUIPolicy", "SIM_PRESET", "REFERENCE_CLAMP", "TOKEN_EMBEDDINGS", "ValueHead",
+           "VALUE_BIAS", "Sample"]
 
 log = logging.getLogger(__name__)
+
+TOKEN_EMBEDDINGS = ("trained", "minilm")
+"""What ``token_embeddings`` may name: T5's own (drawn and trained), or a frozen table from
+MiniLM's input embeddings."""
 
 REFERENCE_CLAMP = (0.001, 0.99)
 """The released code clamps per-token probabilities to this range before the log (a quirk,
@@ -75,6 +79,8 @@ class AutoUIPolicy:
                  device: str | torch.device = "cpu", value_head: ValueHead | None = None,
                  goal_features: Any = None) -> None:
         self.model = model.to(device)
+        if model.frozen_token_embeddings:  # loading makes new parameters: freeze them here too
+            model.shared.weight.requires_grad_(False)
         if model.lang_dim and goal_features is None:
             from digirl_lite.policy.goal_features import GoalFeatures
 
@@ -449,12 +455,16 @@ class AutoUIPolicy:
     @classmethod
     def sim_preset(cls, seed: int = 0, tokenizer_dir: str | Path | None = None,
                    goal_features: str | None = None, goal_token_dropout: float = 0.0,
-                   **overrides: Any) -> AutoUIPolicy:
+                   token_embeddings: str = "trained", **overrides: Any) -> AutoUIPolicy:
         """The tiny simulator model (fresh weights, seeded) with the shipped tokenizer;
         ``goal_features`` (an encoder of :data:`~digirl_lite.policy.goal_features.
         GOAL_ENCODERS`, None or "none": no features) gives it the frozen encoder's reading
         of the goal; ``goal_token_dropout`` the chance, in training, that a goal token's own
-        embedding is dropped (so the model learns to read the goal through the features)."""
+        embedding is dropped (so the model learns to read the goal through the features);
+        ``token_embeddings`` "minilm": the token embeddings (and the tied head) are a frozen
+        table from MiniLM's input embeddings
+        (:func:`~digirl_lite.policy.goal_features.pretrained_token_table`), "trained": drawn
+        and trained as T5's."""
         from transformers import T5Config
 
         from digirl_lite.paths import data_dir
@@ -472,8 +482,22 @@ class AutoUIPolicy:
             feats = GoalFeatures(goal_features)
             config.lang_dim, config.goal_encoder = feats.dim, feats.name
             config.lang_token_dropout = float(goal_token_dropout)
+        if token_embeddings not in TOKEN_EMBEDDINGS:
+            raise ValueError(f"token_embeddings must be one of {', '.join(TOKEN_EMBEDDINGS)}, "
+                             f"got {token_embeddings!r}")
+        table = None
+        if token_embeddings != "trained":
+            from digirl_lite.policy.goal_features import pretrained_token_table
+
+            table = pretrained_token_table(tok, config.d_model,
+                                           encoder=feats.encoder if feats else None)
+            config.frozen_token_embeddings, config.token_embeddings = True, token_embeddings
         torch.manual_seed(seed)
-        return cls(AutoUIModel(config), tok, goal_features=feats)
+        model = AutoUIModel(config)
+        if table is not None:
+            with torch.no_grad():
+                model.shared.weight.copy_(table)
+        return cls(model, tok, goal_features=feats)
 
 
 _UNTIED_FILE = "untied_lm_head.safetensors"

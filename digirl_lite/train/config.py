@@ -272,6 +272,14 @@ class DigiRLConfig:
     that a goal token's own embedding is dropped, leaving the pretrained features alone there
     (:mod:`digirl_lite.policy.goal_features`). The policy keeps every embedding when it acts.
     Part of the starting policy's key."""
+    token_embeddings: str = "trained"
+    """policy "autoui": "minilm" makes the policy's token embeddings (and the output head tied
+    to them) a frozen table drawn from all-MiniLM-L6-v2's input embeddings
+    (:func:`~digirl_lite.policy.goal_features.pretrained_token_table`; issue 32, item 5): a
+    word the training never saw then sits beside the words like it instead of at a random
+    draw the policy reads as part of a product. "trained": T5's own, drawn and trained.
+    Changes the policy's shape as ``goal_features`` does (built with the starting policy,
+    part of its key)."""
     starting_policy: str = "sft"
     """"sft" (fine-tune on the simulator's expert demonstrations, cached), "shipped" (the
     checkpoint ``policies/sft-<world>`` shipped in the package's ``assets/``, built by
@@ -838,6 +846,20 @@ class DigiRLConfig:
                                   "(no avx512_bf16 or AMX): torch emulates it, about 10x "
                                   "slower than fp32 (11.7 s against 1.1 s per update, "
                                   "benchmarks/bench_actor.py); use 'fp32' here")
+        if self.token_embeddings != "trained":
+            from digirl_lite.policy.policy import TOKEN_EMBEDDINGS
+
+            if self.token_embeddings not in TOKEN_EMBEDDINGS:
+                raise ConfigError(f"token_embeddings must be one of "
+                                  f"{', '.join(TOKEN_EMBEDDINGS)}, got {self.token_embeddings!r}")
+            if self.policy != "autoui":
+                raise ConfigError(f"token_embeddings: the table is the Auto-UI policy's; "
+                                  f"policy {self.policy!r} has its pretrained model's own (set "
+                                  "token_embeddings 'trained')")
+            if self.starting_policy == "shipped":
+                raise ConfigError("token_embeddings: the shipped starting policies have trained "
+                                  "token embeddings; set starting_policy 'sft' (built and cached "
+                                  "with the table) or a directory saved with it")
         if self.goal_features != "none":
             from digirl_lite.policy.goal_features import GOAL_ENCODERS
 

