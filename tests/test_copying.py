@@ -195,3 +195,44 @@ def test_on_policy_learners_refuse_the_mask():
         with pytest.raises(ConfigError, match="copy_typed_text"):
             sim_quick(algorithm=algo, copy_typed_text=True)
     assert sim_quick(copy_typed_text=True).copy_typed_text
+
+
+class _Chosen:
+    """A span chooser (the protocol copy_logits_processor takes): fixed spans per instruction,
+    in the lower-cased instruction's characters."""
+
+    def __init__(self, texts):
+        self.texts = texts
+
+    def spans(self, instruction):
+        src = " ".join(instruction.lower().split())
+        out = []
+        for t in self.texts[instruction]:
+            i = src.find(t)
+            assert i >= 0, t
+            out.append((i, i + len(t)))
+        return out
+
+
+def test_a_span_chooser_narrows_typing_to_its_spans(tok):
+    """With a chooser, random scores type only its spans (the address or the product), each
+    whole; without one they typed many others (the test above)."""
+    want = {"At ebay.com, look up a Crucial MX500 SSD": ["ebay.com", "crucial mx500 ssd"],
+            "i need keychron k2 keyboard from bestbuy.com and grab the top match":
+                ["bestbuy.com", "keychron k2 keyboard"]}
+    rows = [list(want)[i % 2] for i in range(32)]
+    prompts = [build_prompt(r) for r in rows]
+    head = _type_head(tok)
+    gen = torch.Generator().manual_seed(1)
+    grammar = action_logits_processor(tok, 64)
+    copy = copy_logits_processor(tok, prompts, spans=_Chosen(want))
+    ids = torch.tensor([[0] + head] * len(rows))
+    for _ in range(40):
+        scores = copy(ids, grammar(ids, torch.randn(len(rows), tok.vocab_size,
+                                                    generator=gen) * 3))
+        assert torch.isfinite(scores).any(dim=1).all()
+        ids = torch.cat([ids, scores.argmax(-1, keepdim=True)], 1)
+    typed = [parse_action(s).typed_text.lower() for s in tok.batch_decode(ids[:, 1:])]
+    for row, t in zip(rows, typed):
+        assert t in want[row], (row, t)
+    assert {t for t in typed} == {t for v in want.values() for t in v}  # each one chosen

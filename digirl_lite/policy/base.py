@@ -58,7 +58,8 @@ class Policy(Protocol):
         """Batched sampling: each action's text, token ids (eos included) and per-token
         log-probabilities as drawn. ``constrained``: only strings that parse
         (:mod:`~digirl_lite.policy.grammar`); ``copy_text``: typed text is a span of the
-        prompt's goal (:mod:`~digirl_lite.policy.copying`)."""
+        prompt's goal (:mod:`~digirl_lite.policy.copying`; a span chooser instead of True:
+        one of the spans it gives)."""
 
     def act(self, prompts: Sequence[str], screens: Any, temperature: float = 1.0,
             max_new_tokens: int = 128, generator_seed: int | None = None,

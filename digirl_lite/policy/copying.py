@@ -119,15 +119,37 @@ def _copy_vocabulary(tokenizer: Any) -> CopyVocabulary:
 
 
 class _Row:
-    """One row's decoded action so far and its instruction's spans."""
+    """One row's decoded action so far and its instruction's spans: any word span, or only
+    ``spans`` (``(start, end)`` in the lower-cased instruction; a span chooser's)."""
 
-    __slots__ = ("decoded", "src", "starts", "done")
+    __slots__ = ("decoded", "src", "starts", "done", "ends")
 
-    def __init__(self, instruction: str | None) -> None:
+    def __init__(self, instruction: str | None,
+                 spans: Sequence[tuple[int, int]] | None = None) -> None:
         self.decoded = ""
         self.src = _source(instruction) if instruction else None
         self.starts = _word_starts(self.src) if self.src else []
+        self.ends: dict[int, set[int]] | None = None
+        if self.src and spans:
+            self.ends = {}
+            for a, b in spans:
+                self.ends.setdefault(int(a), set()).add(int(b))
+            self.starts = sorted(self.ends)
         self.done = self.src is None  # nothing to copy from: never masked
+
+    def conts(self, t: str) -> list[tuple[int, int]]:
+        """``(start, position after t)`` of each allowed occurrence of ``t`` (every start
+        for an empty one)."""
+        src, n = self.src or "", len(t)
+        return [(p, p + n) for p in self.starts if (not t or src.startswith(t, p))
+                and (self.ends is None or p + n <= max(self.ends[p]))]
+
+    def may_end(self, p: int, q: int) -> bool:
+        """Whether a text from ``p`` may close at ``q``."""
+        return _ends_word(self.src or "", q) if self.ends is None else q in self.ends[p]
+
+    def limit(self, p: int) -> int:
+        return len(self.src or "") if self.ends is None else max(self.ends[p])
 
     def text(self) -> str | None:
         """The typed text written so far (None: not in a TYPE action's typed text)."""
@@ -147,7 +169,10 @@ class _Row:
         t = body.lower()
         if not t:
             return True  # an empty text: the grammar (or the parser) decides
-        return _keeps_to(self.src, self.starts, t, closed)
+        if self.ends is None:
+            return _keeps_to(self.src, self.starts, t, closed)
+        pq = self.conts(t)
+        return any(self.may_end(p, q) for p, q in pq) if closed else bool(pq)
 
 
 class CopyLogitsProcessor(LogitsProcessor):
@@ -158,12 +183,14 @@ class CopyLogitsProcessor(LogitsProcessor):
         vocabulary: the tokenizer's :class:`CopyVocabulary`.
         instructions: one per row (None: that row is not masked).
         prompt_length: the ids before the action in ``input_ids`` (1 for Auto-UI's T5).
+        spans: a span chooser (:func:`copy_logits_processor`), or None.
     """
 
     def __init__(self, vocabulary: CopyVocabulary, instructions: Sequence[str | None],
-                 prompt_length: int = 1) -> None:
+                 prompt_length: int = 1, spans: Any = None) -> None:
         self.vocab = vocabulary
         self.instructions = list(instructions)
+        self.spans = spans
         self.prompt_length = int(prompt_length)
         self._rows: list[_Row] | None = None
         self._length = -1
@@ -187,7 +214,8 @@ class CopyLogitsProcessor(LogitsProcessor):
         else:
             if len(self.instructions) != batch:
                 raise ValueError(f"{len(self.instructions)} instructions for {batch} rows")
-            self._rows = [_Row(ins) for ins in self.instructions]
+            self._rows = [_Row(ins, self.spans.spans(ins) if self.spans is not None and ins
+                               else None) for ins in self.instructions]
             for row, ids in zip(self._rows, input_ids[:, p:].tolist()):
                 for k, tok in enumerate(ids):
                     if row.done:
@@ -212,17 +240,14 @@ class CopyLogitsProcessor(LogitsProcessor):
                     ok[i] = False
             return ok
         t = text.lower()
-        if t:
-            qs = _continuations(row.src, row.starts, t)
-        else:
-            qs = row.starts
+        pq = row.conts(t)
         src = row.src
-        for q in qs:
-            for n in range(1, min(v.max_len, len(src) - q) + 1):
+        for p, q in pq:
+            for n in range(1, min(v.max_len, row.limit(p) - q) + 1):
                 ids = v.by_text.get(src[q:q + n])
                 if ids:
                     ok[ids] = True
-        if not t or any(_ends_word(src, q) for q in qs):
+        if not t or any(row.may_end(p, q) for p, q in pq):
             for i in v.quoted:  # the quote may close it (an empty text: for the grammar)
                 if row.allowed(text + v.strings[i]):
                     ok[i] = True
@@ -247,7 +272,11 @@ class CopyLogitsProcessor(LogitsProcessor):
 
 
 def copy_logits_processor(tokenizer: Any, prompts: Sequence[str],
-                          prompt_length: int = 1) -> CopyLogitsProcessor:
-    """A fresh processor for one call: each prompt's ``Goal:`` is the row's instruction."""
+                          prompt_length: int = 1, spans: Any = None) -> CopyLogitsProcessor:
+    """A fresh processor for one call: each prompt's ``Goal:`` is the row's instruction.
+    ``spans``: a span chooser (anything with ``spans(instruction)`` -> ``(start, end)``
+    pairs in the lower-cased instruction, e.g. a
+    :class:`~digirl_lite.policy.span_extractor.SpanExtractor`): the text must be one of
+    them; None: any span of whole words."""
     return CopyLogitsProcessor(_copy_vocabulary(tokenizer),
-                               [task_from_prompt(p) for p in prompts], prompt_length)
+                               [task_from_prompt(p) for p in prompts], prompt_length, spans)

@@ -155,7 +155,9 @@ class AutoUIPolicy:
                 ``max_new_tokens`` (:mod:`digirl_lite.policy.grammar`: the model's
                 distribution renormalised over the allowed tokens at each step).
             copy_text: a TYPE action's text is a span of the prompt's ``Goal:``
-                (:mod:`digirl_lite.policy.copying`).
+                (:mod:`digirl_lite.policy.copying`); a span chooser instead of True (a
+                :class:`~digirl_lite.policy.span_extractor.SpanExtractor`): one of its
+                spans.
         """
         return [s.text for s in self.sample(prompts, image_features, temperature,
                                             max_new_tokens, generator_seed, constrained,
@@ -187,7 +189,8 @@ class AutoUIPolicy:
         if copy_text:  # after the grammar: it never empties a row the grammar left open
             from digirl_lite.policy.copying import copy_logits_processor
 
-            processors.append(copy_logits_processor(self.tokenizer, prompts))
+            processors.append(copy_logits_processor(
+                self.tokenizer, prompts, spans=None if copy_text is True else copy_text))
         if temperature > 0:  # sampled (digirl_lite.policy.sampling), the greedy loop picks it
             from digirl_lite.policy.sampling import CategoricalSampler
 

@@ -381,8 +381,9 @@ class VLMPolicy:
         if copy_text:
             from digirl_lite.policy.copying import copy_logits_processor
 
-            processors.append(copy_logits_processor(self.tokenizer, prompts,
-                                                    prompt_length=plen))
+            processors.append(copy_logits_processor(
+                self.tokenizer, prompts, prompt_length=plen,
+                spans=None if copy_text is True else copy_text))
         if temperature > 0:
             from digirl_lite.policy.sampling import CategoricalSampler
 

@@ -369,6 +369,13 @@ class DigiRLConfig:
     5: the tiny policy misspells and mis-cuts products in phrasings it was not trained on).
     For tasks whose typed text is written in the instruction (every simulator task; not a
     reply or a translation). The actor is trained on the unmasked likelihood either way."""
+    typed_span_extractor: str = "none"
+    """With ``copy_typed_text``: "minilm" narrows the spans a TYPE may copy to the best span
+    of a span extractor (all-MiniLM-L6-v2 fine-tuned on the world's train tasks, written as
+    the starting policy reads them, and copy drills; never a held-out split) and the
+    instruction's web addresses (:mod:`digirl_lite.policy.span_extractor`; issue 32, item 5:
+    the tiny policy types the wrong span of phrasings it was not trained on). Trained once
+    (a few minutes) and cached by its key beside the starting policy. "none": any span."""
     capacity: int = 5000
     """Replay buffer size in trajectories (paper: 5,000)."""
     critic_updates: int = 5
@@ -860,6 +867,13 @@ class DigiRLConfig:
                 raise ConfigError("token_embeddings: the shipped starting policies have trained "
                                   "token embeddings; set starting_policy 'sft' (built and cached "
                                   "with the table) or a directory saved with it")
+        if self.typed_span_extractor != "none":
+            if self.typed_span_extractor != "minilm":
+                raise ConfigError(f"typed_span_extractor must be 'none' or 'minilm', got "
+                                  f"{self.typed_span_extractor!r}")
+            if not self.copy_typed_text:
+                raise ConfigError("typed_span_extractor narrows the copy mask's spans: set "
+                                  "copy_typed_text true (or it to 'none')")
         if self.goal_features != "none":
             from digirl_lite.policy.goal_features import GOAL_ENCODERS
 

@@ -16,7 +16,39 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["sft_key", "starting_policy", "train_sft", "save_starting_policy"]
+__all__ = ["sft_key", "starting_policy", "train_sft", "save_starting_policy", "span_extractor"]
+
+SPAN_EXTRACTOR_STEPS, SPAN_EXTRACTOR_DRILLS = 300, 3000
+"""The span extractor's fine-tuning: updates of 32 pairs, and the copy drills beside the
+train tasks (``benchmarks/span_generalization.py``'s settings)."""
+
+
+def span_extractor(cfg: Any, *, cache_dir: Path | None,
+                   log: Callable[..., None] = lambda **kw: None) -> Any:
+    """The run's :class:`~digirl_lite.policy.span_extractor.SpanExtractor`
+    (``typed_span_extractor``): loaded from ``cache_dir`` by its key, else fine-tuned
+    (deterministic from ``sft_seed``: every process of a run trains the same one) and saved
+    there."""
+    from digirl_lite.paths import content_key
+    from digirl_lite.policy.span_extractor import SpanExtractor, extractor_pairs
+
+    c = cfg
+    phrasings = c.train_phrasings if c.sft_phrasing_share else "base"
+    key = content_key("spanx-v1", c.typed_span_extractor, c.world, c.sft_phrasing_share,
+                      phrasings, c.sft_seed, SPAN_EXTRACTOR_STEPS, SPAN_EXTRACTOR_DRILLS)
+    cached = cache_dir / f"spanx-{key}" if cache_dir else None
+    if cached is not None and (cached / "span_extractor.json").is_file():
+        log(stage="span_extractor", loaded=str(cached))
+        return SpanExtractor.load(cached)
+    t0 = time.perf_counter()
+    ex = SpanExtractor.pretrained(seed=c.sft_seed)
+    fit = ex.fit(extractor_pairs(c.world, c.sft_phrasing_share, phrasings, c.sft_seed,
+                                 SPAN_EXTRACTOR_DRILLS), steps=SPAN_EXTRACTOR_STEPS,
+                 seed=c.sft_seed)
+    log(stage="span_extractor", seconds=round(time.perf_counter() - t0, 1), **fit)
+    if cached is not None:
+        ex.save(cached)
+    return ex
 
 
 def sft_key(cfg: Any) -> str:

@@ -81,7 +81,7 @@ class PolicyBatchAgent:
 
     def __init__(self, policy, features, screens: ScreenTable, temperature: float = 1.0,
                  max_new_tokens: int = 64, constrained: bool = False,
-                 copy_text: bool = False) -> None:
+                 copy_text: Any = False) -> None:
         self.policy, self.features, self.screens = policy, features, screens
         self.temperature, self.max_new_tokens = temperature, max_new_tokens
         self.constrained, self.copy_text = constrained, copy_text
@@ -108,7 +108,7 @@ class PolicyBatchAgent:
                                    temperature=self.temperature,
                                    max_new_tokens=self.max_new_tokens,
                                    constrained=self.constrained,
-                                   **({"copy_text": True} if self.copy_text else {}))
+                                   **({"copy_text": self.copy_text} if self.copy_text else {}))
         self.seconds += time.perf_counter() - t0
         self.calls += 1
         # strings that carry their tokens and log-probabilities onto the steps (issue 17)
@@ -193,6 +193,7 @@ class Trainer:
         self.cache_dir = (user_cache_dir() if cache_dir == USER_CACHE
                           else Path(cache_dir).expanduser() if cache_dir else None)
         self.progress = progress
+        self._span_extractor = None  # built on first use (copy_text)
         self.accelerator = Accelerator(cpu=cfg.device == "cpu")
         self.is_main = self.accelerator.is_main_process
         self.rank, self.world = self.accelerator.process_index, self.accelerator.num_processes
@@ -432,7 +433,19 @@ class Trainer:
         return PolicyBatchAgent(self.policy, self.features,
                                 screens if screens is not None else self.screens,
                                 self.cfg.temperature, self.cfg.max_new_tokens,
-                                self.cfg.constrained_decoding, self.cfg.copy_typed_text)
+                                self.cfg.constrained_decoding, self.copy_text())
+
+    def copy_text(self) -> Any:
+        """What the sampling's copy mask gets: False (none), True (any span) or the run's
+        span extractor (``typed_span_extractor``; built once, cached by key)."""
+        c = self.cfg
+        if not c.copy_typed_text or c.typed_span_extractor == "none":
+            return bool(c.copy_typed_text)
+        if self._span_extractor is None:
+            from digirl_lite.train.starting import span_extractor
+
+            self._span_extractor = span_extractor(c, cache_dir=self.cache_dir, log=self.log)
+        return self._span_extractor
 
     def _train_tasks(self):
         return self.phones.train_tasks
@@ -521,6 +534,8 @@ class Trainer:
         devices += ((("phrasings", c.train_phrasings),)
                     if c.phrasing_share and c.train_phrasings != "base" else ())
         devices += (("copy_typed_text", True),) if c.copy_typed_text else ()
+        devices += ((("span_extractor", c.typed_span_extractor),)
+                    if c.typed_span_extractor != "none" else ())
         return self._cache_key("pile-v3", c.world, c.seed, c.pile_size, c.judge, c.temperature,
                                c.constrained_decoding, c.max_new_tokens, c.horizon, c.task_file,
                                policy_id, *devices)
@@ -878,7 +893,7 @@ class Trainer:
         self._collect_agent = PolicyBatchAgent(
             self._behaviour, FeatureCache(self.features.encoder, max_items=4096),
             self._collect_screens, c.temperature, c.max_new_tokens, c.constrained_decoding,
-            c.copy_typed_text)
+            self.copy_text())
         fleet = self.fleet()
         fleet.policy_version = self.iteration
         seed = int(self.rng.integers(0, 2**31 - 1))

@@ -1,0 +1,76 @@
+"""The typed-span extractor (digirl_lite.policy.span_extractor, issue 32 item 5): MiniLM
+fine-tuned on train pairs picks the product's span, word-aligned, in the copy mask's
+coordinates; the web addresses are always offered; it saves and loads without pickles; the
+config names the field and the run's copy mask gets it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from digirl_lite.policy.span_extractor import SpanExtractor, address_spans, extractor_pairs
+
+
+def test_address_spans_are_whole_words():
+    src = "at ebay.com, look up x.y z on bestbuy.com and e.g.x"
+    got = [src[a:b] for a, b in address_spans(src)]
+    assert got[:3] == ["ebay.com", "x.y", "bestbuy.com"]
+
+
+def test_pairs_are_train_tasks_and_drills_with_their_typed_text():
+    pairs = extractor_pairs("webshop", 0.5, "wide", 0, 50)
+    assert len(pairs) > 300
+    for text, typed in pairs:
+        assert typed.lower() in " ".join(text.lower().split()), (text, typed)
+    held = set((__import__("digirl_lite.paths", fromlist=["data_dir"]).data_dir() / "tasks" /
+                "webshop_unseen_phrasings.txt").read_text().splitlines())
+    assert not held & {t for t, _ in pairs}  # never a held-out line
+
+
+@pytest.fixture(scope="module")
+def trained():
+    torch.manual_seed(0)
+    ex = SpanExtractor.pretrained(seed=0)
+    fit = ex.fit(extractor_pairs("webshop", 0.5, "base", 0, 200), steps=40, batch=16, seed=0)
+    return ex, fit
+
+
+@pytest.mark.slow  # a MiniLM fine-tune: about a minute on 2 cores
+def test_a_short_fine_tune_finds_products_and_round_trips(trained, tmp_path):
+    ex, fit = trained
+    assert fit["pairs"] > 300 and fit["final_loss"] < 3.0
+    tests = {'Go to costco.com, search for "bose soundsport free", and select the first entry':
+             "bose soundsport free",
+             "Search for logitech g305 on walmart.com": "logitech g305"}
+    for text, product in tests.items():
+        src = " ".join(text.lower().split())
+        spans = ex.spans(text)
+        got = {src[a:b] for a, b in spans}
+        assert product in got, (text, got)
+        assert any(src[a:b].endswith(".com") for a, b in spans)  # the address, always
+        for a, b in spans:  # whole words
+            assert (a == 0 or not src[a - 1].isalnum()) and (b == len(src)
+                                                              or not src[b].isalnum())
+    ex.save(tmp_path / "x")
+    again = SpanExtractor.load(tmp_path / "x")
+    for text in tests:
+        assert again.spans(text) == ex.spans(text)
+    with pytest.raises(FileNotFoundError, match="no saved SpanExtractor"):
+        SpanExtractor.load(tmp_path)
+
+
+def test_config_names_the_field_and_keys_the_pile(tmp_path):
+    from digirl_lite.errors import ConfigError
+    from digirl_lite.train.config import sim_quick
+    from digirl_lite.train.trainer import Trainer
+
+    with pytest.raises(ConfigError, match="set copy_typed_text true"):
+        sim_quick(typed_span_extractor="minilm")
+    with pytest.raises(ConfigError, match="typed_span_extractor must be"):
+        sim_quick(typed_span_extractor="bert", copy_typed_text=True)
+    on = sim_quick(typed_span_extractor="minilm", copy_typed_text=True)
+    off = sim_quick(copy_typed_text=True)
+    keys = {Trainer(c, tmp_path / str(i), cache_dir=None, progress=False).pile_key()
+            for i, c in enumerate((on, off))}
+    assert len(keys) == 2
+    assert Trainer(off, tmp_path / "o", cache_dir=None, progress=False).copy_text() is True
