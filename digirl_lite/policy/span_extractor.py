@@ -75,8 +75,9 @@ def extractor_pairs(world: str, share: float, phrasings: str, seed: int, drills:
             continue
         if q:
             pairs.append((text, q))
-    drill = copy_drills(seed=seed, world=world, phrasing_share=share, phrasings=phrasings)
-    pairs += [(task_from_prompt(p), q) for p, q in islice(drill, drills)]
+    if drills:
+        drill = copy_drills(seed=seed, world=world, phrasing_share=share, phrasings=phrasings)
+        pairs += [(task_from_prompt(p), q) for p, q in islice(drill, drills)]
     return pairs
 
 

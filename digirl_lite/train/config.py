@@ -372,7 +372,7 @@ class DigiRLConfig:
     typed_span_extractor: str = "none"
     """With ``copy_typed_text``: "minilm" narrows the spans a TYPE may copy to the best span
     of a span extractor (all-MiniLM-L6-v2 fine-tuned on the world's train tasks, written as
-    the starting policy reads them, and copy drills; never a held-out split) and the
+    the starting policy reads them; never a held-out split) and the
     instruction's web addresses (:mod:`digirl_lite.policy.span_extractor`; issue 32, item 5:
     the tiny policy types the wrong span of phrasings it was not trained on). Trained once
     (a few minutes) and cached by its key beside the starting policy. "none": any span."""

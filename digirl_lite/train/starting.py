@@ -18,9 +18,11 @@ import numpy as np
 
 __all__ = ["sft_key", "starting_policy", "train_sft", "save_starting_policy", "span_extractor"]
 
-SPAN_EXTRACTOR_STEPS, SPAN_EXTRACTOR_DRILLS = 300, 3000
+SPAN_EXTRACTOR_STEPS, SPAN_EXTRACTOR_DRILLS = 300, 0
 """The span extractor's fine-tuning: updates of 32 pairs, and the copy drills beside the
-train tasks (``benchmarks/span_generalization.py``'s settings)."""
+train tasks: ``benchmarks/span_generalization.py``'s ``pretrained`` settings. With 3,000
+drills (made-up products, most in AitW's phrasing) the extractor found the product in 77.5%
+of the held-out phrasings, against 90.0% without (120 lines; 100 / 97.5% on the test list)."""
 
 
 def span_extractor(cfg: Any, *, cache_dir: Path | None,
