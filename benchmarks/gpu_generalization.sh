@@ -4,6 +4,9 @@
 # hour per arm on one thread). A screening, not a grid result: torch and the GPU differ from
 # the CPU runs', so compare these runs with each other only.
 #   bash benchmarks/gpu_generalization.sh ARM [ARM ...]     (names of generalization_webshop)
+# T_RUN (default 500 s) caps each run: on an H200 shared by 5 runs the SFT took ~220 s and the
+# starting policy's evaluation came at ~280 s; a run with goal_features took 4x longer before
+# goal_features followed the policy's device.
 # Carried (ignored here): .whl/ (what the machine lacks) and .minilm16/ (all-MiniLM-L6-v2's
 # files, its matrices in int8 with a scale per row to fit a call's 64 MiB beside the tree:
 # relative error at most 3.4% per matrix (checked: sentence embeddings keep cosine > 0.99 to the fp32 model); restored to fp32 before use).
@@ -37,4 +40,7 @@ done
 wait
 for arm in "$@"; do echo "== $arm"; tail -3 "$OUT/$arm.log"; done
 rm -rf "$OUT"/*/checkpoints "$OUT"/*/store "$OUT"/*/eval  # too big to bring back; metrics stay
+# one archive: a device call brings back only a few files (the rest were left out, and lost)
+tar czf /tmp/gpu_generalization.tgz -C "$OUT" . && rm -rf "${OUT:?}"/* &&
+  mv /tmp/gpu_generalization.tgz "$OUT/results.tgz"
 echo done
