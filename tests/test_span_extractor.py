@@ -70,7 +70,37 @@ def test_config_names_the_field_and_keys_the_pile(tmp_path):
         sim_quick(typed_span_extractor="bert", copy_typed_text=True)
     on = sim_quick(typed_span_extractor="minilm", copy_typed_text=True)
     off = sim_quick(copy_typed_text=True)
+    wide = sim_quick(typed_span_extractor="minilm", copy_typed_text=True,
+                     typed_span_phrasings="wide")
     keys = {Trainer(c, tmp_path / str(i), cache_dir=None, progress=False).pile_key()
-            for i, c in enumerate((on, off))}
-    assert len(keys) == 2
+            for i, c in enumerate((on, off, wide))}
+    assert len(keys) == 3
     assert Trainer(off, tmp_path / "o", cache_dir=None, progress=False).copy_text() is True
+    with pytest.raises(ConfigError, match="typed_span_phrasings: there is no span extractor"):
+        sim_quick(typed_span_phrasings="wide")
+    with pytest.raises(ConfigError, match="typed_span_phrasings must be one of"):
+        sim_quick(typed_span_phrasings="narrow", typed_span_extractor="minilm",
+                  copy_typed_text=True)
+
+
+def test_the_extractors_phrasings_key_its_cache(tmp_path):
+    """``typed_span_phrasings`` trains the extractor on its own phrasings: another key, found
+    in the cache by it (a cached one of the other phrasings is never read); unset, the key
+    follows the starting policy's phrasings as before."""
+    import json
+
+    from digirl_lite.paths import content_key
+    from digirl_lite.train.config import sim_quick
+    from digirl_lite.train.starting import span_extractor
+
+    seen: list[dict] = []
+    for ph in (None, "wide"):
+        c = sim_quick(typed_span_extractor="minilm", copy_typed_text=True,
+                      sft_phrasing_share=0.5, typed_span_phrasings=ph)
+        key = content_key("spanx-v1", "minilm", c.world, 0.5, ph or "base", c.sft_seed, 300, 0)
+        d = tmp_path / f"spanx-{key}"
+        d.mkdir()
+        (d / "span_extractor.json").write_text(json.dumps({"max_width": 16}))
+        with pytest.raises(OSError):  # found by its key: the (empty) saved one is opened
+            span_extractor(c, cache_dir=tmp_path, log=lambda **kw: seen.append(kw))
+        assert seen[-1]["loaded"] == str(d)

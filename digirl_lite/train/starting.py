@@ -35,8 +35,11 @@ def span_extractor(cfg: Any, *, cache_dir: Path | None,
     from digirl_lite.policy.span_extractor import SpanExtractor, extractor_pairs
 
     c = cfg
-    phrasings = c.train_phrasings if c.sft_phrasing_share else "base"
-    key = content_key("spanx-v1", c.typed_span_extractor, c.world, c.sft_phrasing_share,
+    share = c.sft_phrasing_share
+    phrasings = c.train_phrasings if share else "base"
+    if c.typed_span_phrasings is not None:  # its own: half its data in them
+        share, phrasings = 0.5, c.typed_span_phrasings
+    key = content_key("spanx-v1", c.typed_span_extractor, c.world, share,
                       phrasings, c.sft_seed, SPAN_EXTRACTOR_STEPS, SPAN_EXTRACTOR_DRILLS)
     cached = cache_dir / f"spanx-{key}" if cache_dir else None
     if cached is not None and (cached / "span_extractor.json").is_file():
@@ -44,7 +47,7 @@ def span_extractor(cfg: Any, *, cache_dir: Path | None,
         return SpanExtractor.load(cached)
     t0 = time.perf_counter()
     ex = SpanExtractor.pretrained(seed=c.sft_seed)
-    fit = ex.fit(extractor_pairs(c.world, c.sft_phrasing_share, phrasings, c.sft_seed,
+    fit = ex.fit(extractor_pairs(c.world, share, phrasings, c.sft_seed,
                                  SPAN_EXTRACTOR_DRILLS), steps=SPAN_EXTRACTOR_STEPS,
                  seed=c.sft_seed)
     log(stage="span_extractor", seconds=round(time.perf_counter() - t0, 1), **fit)

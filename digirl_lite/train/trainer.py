@@ -536,6 +536,8 @@ class Trainer:
         devices += (("copy_typed_text", True),) if c.copy_typed_text else ()
         devices += ((("span_extractor", c.typed_span_extractor),)
                     if c.typed_span_extractor != "none" else ())
+        devices += ((("span_phrasings", c.typed_span_phrasings),)
+                    if c.typed_span_phrasings is not None else ())
         return self._cache_key("pile-v3", c.world, c.seed, c.pile_size, c.judge, c.temperature,
                                c.constrained_decoding, c.max_new_tokens, c.horizon, c.task_file,
                                policy_id, *devices)
