@@ -236,3 +236,103 @@ def test_a_span_chooser_narrows_typing_to_its_spans(tok):
     for row, t in zip(rows, typed):
         assert t in want[row], (row, t)
     assert {t for t in typed} == {t for v in want.values() for t in v}  # each one chosen
+
+
+def _draw(tok, prompts, **kw):
+    """Random scores through the grammar and the copy mask: each row's typed text."""
+    head = _type_head(tok)
+    gen = torch.Generator().manual_seed(2)
+    grammar = action_logits_processor(tok, 64)
+    copy = copy_logits_processor(tok, prompts, **kw)
+    ids = torch.tensor([[0] + head] * len(prompts))
+    for _ in range(40):
+        scores = copy(ids, grammar(ids, torch.randn(len(prompts), tok.vocab_size,
+                                                    generator=gen) * 3))
+        assert torch.isfinite(scores).any(dim=1).all()
+        ids = torch.cat([ids, scores.argmax(-1, keepdim=True)], 1)
+    return [parse_action(s).typed_text.lower() for s in tok.batch_decode(ids[:, 1:])]
+
+
+def test_a_text_typed_already_is_not_copied_again(tok):
+    """``typed``: with a chooser, a row whose episode typed the address types only the
+    product; a row that typed both may type either again (no span is left otherwise); a row
+    that typed nothing, either."""
+    ins = "At ebay.com, look up a Crucial MX500 SSD"
+    want = {ins: ["ebay.com", "crucial mx500 ssd"]}
+    histories = [["eBay.com"], ["ebay.com", "crucial mx500 ssd"], []] * 12
+    texts = _draw(tok, [build_prompt(ins)] * len(histories), spans=_Chosen(want),
+                  typed=histories)
+    for h, t in zip(histories, texts):
+        assert t in want[ins], t
+        if len(h) == 1:
+            assert t == "crucial mx500 ssd"
+    assert {t for h, t in zip(histories, texts) if len(h) == 2} == set(want[ins])
+    assert {t for h, t in zip(histories, texts) if not h} == set(want[ins])
+    with pytest.raises(ValueError, match="typed-text lists"):
+        copy_logits_processor(tok, [build_prompt(ins)] * 2, typed=[[]])
+
+
+def test_without_a_chooser_a_typed_text_does_not_close_again(tok):
+    """Any-span mode: the typed text is never closed again, its longer and shorter spans
+    still are (random scores type it often without ``typed``: the test can fail)."""
+    ins = "At ebay.com, look up a Crucial MX500 SSD"
+    prompts = [build_prompt(ins)] * 64
+    free = _draw(tok, prompts)
+    assert "ebay.com" in free
+    once = _draw(tok, prompts, typed=[["ebay.com"]] * 64)
+    assert "ebay.com" not in once
+    assert all(span_ok(ins, t) for t in once)
+    assert len(set(once)) > 5
+
+
+def test_the_agent_keeps_each_episodes_typed_texts(shipped):
+    """``PolicyBatchAgent(copy_once=True)`` with the shipped policy on the screens where the
+    expert types (the chooser offers the address and the product): a slot never types a
+    text twice in one episode while the other is left, and a new episode (step 0) types
+    again what the last one typed."""
+    from digirl_lite.envs.base import Observation
+    from digirl_lite.envs.sim.catalog import SITES
+    from digirl_lite.envs.sim.tasks import parse_task
+    from digirl_lite.prompts import task_from_prompt
+    from digirl_lite.rollout.pile import generate_demos
+    from digirl_lite.train.trainer import PolicyBatchAgent
+    from digirl_lite.vision.cache import FeatureCache
+    from digirl_lite.vision.sim_encoder import SimScreenEncoder
+
+    trajs, screens, _ = generate_demos("webshop", n=40, seed=0)
+    want, steps = {}, []
+    for st in (s for t in trajs for s in t.steps if s.action.action_type is ActionType.TYPE):
+        task = task_from_prompt(st.prompt)
+        t = parse_task(task)
+        if t.query and len(steps) < 16:
+            want[task] = [SITES[t.site].domain.lower(), t.query.lower()]
+            steps.append(st)
+    assert len(steps) >= 8
+    with pytest.raises(ValueError, match="copy_once needs copy_text"):
+        PolicyBatchAgent(shipped, None, screens, copy_once=True)
+    agent = PolicyBatchAgent(shipped, FeatureCache(SimScreenEncoder(dim=512, seed=0)),
+                             screens, temperature=1.0, constrained=True,
+                             copy_text=_Chosen(want), copy_once=True)
+    slots = list(range(len(steps)))
+    typed: dict[int, list[str]] = {s: [] for s in slots}
+    last: dict[int, list[str]] = {}
+    repeats = again = 0
+    for step in (1, 2, 3, 0, 1):
+        if step == 0:  # a new episode
+            last, typed = typed, {s: [] for s in slots}
+        observations = [Observation(screens.image(st.screen_id), st.prompt,
+                                    task_from_prompt(st.prompt), step, st.screen_id)
+                        for st in steps]
+        for s, text in zip(slots, agent.act_batch(slots, observations)):
+            a = parse_action(text)
+            if a.action_type is not ActionType.TYPE:
+                continue
+            t = a.typed_text.lower()
+            offered = want[task_from_prompt(steps[s].prompt)]
+            assert t in offered, (t, offered)
+            if t in typed[s] and not set(offered) <= set(typed[s]):
+                repeats += 1
+            again += t in last.get(s, [])
+            typed[s].append(t)
+    assert repeats == 0
+    assert again >= 2  # the new episode forgot the last one's texts

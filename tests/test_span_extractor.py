@@ -72,9 +72,13 @@ def test_config_names_the_field_and_keys_the_pile(tmp_path):
     off = sim_quick(copy_typed_text=True)
     wide = sim_quick(typed_span_extractor="minilm", copy_typed_text=True,
                      typed_span_phrasings="wide")
+    once = sim_quick(typed_span_extractor="minilm", copy_typed_text=True,
+                     typed_span_phrasings="wide", typed_span_once=True)
     keys = {Trainer(c, tmp_path / str(i), cache_dir=None, progress=False).pile_key()
-            for i, c in enumerate((on, off, wide))}
-    assert len(keys) == 3
+            for i, c in enumerate((on, off, wide, once))}
+    assert len(keys) == 4
+    with pytest.raises(ConfigError, match="typed_span_once applies to the copy mask"):
+        sim_quick(typed_span_once=True)
     assert Trainer(off, tmp_path / "o", cache_dir=None, progress=False).copy_text() is True
     with pytest.raises(ConfigError, match="typed_span_phrasings: there is no span extractor"):
         sim_quick(typed_span_phrasings="wide")

@@ -54,12 +54,14 @@ class Policy(Protocol):
 
     def sample(self, prompts: Sequence[str], screens: Any, temperature: float = 1.0,
                max_new_tokens: int = 128, generator_seed: int | None = None,
-               constrained: bool = False, copy_text: bool = False) -> list[Sample]:
+               constrained: bool = False, copy_text: bool = False,
+               typed: Sequence[Sequence[str]] | None = None) -> list[Sample]:
         """Batched sampling: each action's text, token ids (eos included) and per-token
         log-probabilities as drawn. ``constrained``: only strings that parse
         (:mod:`~digirl_lite.policy.grammar`); ``copy_text``: typed text is a span of the
         prompt's goal (:mod:`~digirl_lite.policy.copying`; a span chooser instead of True:
-        one of the spans it gives)."""
+        one of the spans it gives); ``typed``: with it, one per prompt, the texts the
+        episode typed already, not copied again while another span is left."""
 
     def act(self, prompts: Sequence[str], screens: Any, temperature: float = 1.0,
             max_new_tokens: int = 128, generator_seed: int | None = None,

@@ -26,6 +26,13 @@ A premise, not a law: a task that asks to type something its instruction does no
 off by default (``copy_typed_text``); ``tests/test_copying.py`` checks the premise on every
 shipped task list and split (what the simulator's expert types is a span of the line).
 
+A text the row's episode typed already (``typed``, kept per phone by the sampling agent where
+``typed_span_once`` is on) is not copied again while the rule leaves another span: with a span
+chooser, its spans less the typed ones (all of them where every one was typed); without one,
+the text may not close on a typed text. Measured on the held-out phrasings (issue 32, item 5):
+the tiny policy typed the shop's address a second time, into the shop's search box, because
+its prompt holds only its last action.
+
 Like the grammar's mask, this changes what is sampled but not what the actor is trained on
 (:meth:`AutoUIPolicy.log_prob` is the unmasked model's likelihood); PPO and GRPO, which need
 the recorded probabilities to be the scored ones, refuse it.
@@ -33,7 +40,7 @@ the recorded probabilities to be the scored ones, refuse it.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 import torch
@@ -120,21 +127,26 @@ def _copy_vocabulary(tokenizer: Any) -> CopyVocabulary:
 
 class _Row:
     """One row's decoded action so far and its instruction's spans: any word span, or only
-    ``spans`` (``(start, end)`` in the lower-cased instruction; a span chooser's)."""
+    ``spans`` (``(start, end)`` in the lower-cased instruction; a span chooser's); less the
+    texts in ``typed`` (module docstring)."""
 
-    __slots__ = ("decoded", "src", "starts", "done", "ends")
+    __slots__ = ("decoded", "src", "starts", "done", "ends", "typed")
 
     def __init__(self, instruction: str | None,
-                 spans: Sequence[tuple[int, int]] | None = None) -> None:
+                 spans: Sequence[tuple[int, int]] | None = None,
+                 typed: Collection[str] = ()) -> None:
         self.decoded = ""
         self.src = _source(instruction) if instruction else None
         self.starts = _word_starts(self.src) if self.src else []
         self.ends: dict[int, set[int]] | None = None
+        self.typed = {_source(t) for t in typed if t and t.strip()}
         if self.src and spans:
+            fresh = [(a, b) for a, b in spans if _source(self.src[a:b]) not in self.typed]
             self.ends = {}
-            for a, b in spans:
+            for a, b in fresh or spans:  # every span typed already: all of them again
                 self.ends.setdefault(int(a), set()).add(int(b))
             self.starts = sorted(self.ends)
+            self.typed = set()  # applied to the spans
         self.done = self.src is None  # nothing to copy from: never masked
 
     def conts(self, t: str) -> list[tuple[int, int]]:
@@ -146,7 +158,10 @@ class _Row:
 
     def may_end(self, p: int, q: int) -> bool:
         """Whether a text from ``p`` may close at ``q``."""
-        return _ends_word(self.src or "", q) if self.ends is None else q in self.ends[p]
+        if self.ends is not None:
+            return q in self.ends[p]
+        src = self.src or ""
+        return _ends_word(src, q) and not (self.typed and src[p:q] in self.typed)
 
     def limit(self, p: int) -> int:
         return len(self.src or "") if self.ends is None else max(self.ends[p])
@@ -170,7 +185,8 @@ class _Row:
         if not t:
             return True  # an empty text: the grammar (or the parser) decides
         if self.ends is None:
-            return _keeps_to(self.src, self.starts, t, closed)
+            return (_keeps_to(self.src, self.starts, t, closed)
+                    and not (closed and _source(t) in self.typed))
         pq = self.conts(t)
         return any(self.may_end(p, q) for p, q in pq) if closed else bool(pq)
 
@@ -184,13 +200,19 @@ class CopyLogitsProcessor(LogitsProcessor):
         instructions: one per row (None: that row is not masked).
         prompt_length: the ids before the action in ``input_ids`` (1 for Auto-UI's T5).
         spans: a span chooser (:func:`copy_logits_processor`), or None.
+        typed: one per row, the texts its episode typed already (not copied again while the
+            rule leaves another span), or None.
     """
 
     def __init__(self, vocabulary: CopyVocabulary, instructions: Sequence[str | None],
-                 prompt_length: int = 1, spans: Any = None) -> None:
+                 prompt_length: int = 1, spans: Any = None,
+                 typed: Sequence[Collection[str]] | None = None) -> None:
         self.vocab = vocabulary
         self.instructions = list(instructions)
         self.spans = spans
+        if typed is not None and len(typed) != len(self.instructions):
+            raise ValueError(f"{len(typed)} typed-text lists for {len(self.instructions)} rows")
+        self.typed = [tuple(t) for t in typed] if typed is not None else None
         self.prompt_length = int(prompt_length)
         self._rows: list[_Row] | None = None
         self._length = -1
@@ -214,8 +236,9 @@ class CopyLogitsProcessor(LogitsProcessor):
         else:
             if len(self.instructions) != batch:
                 raise ValueError(f"{len(self.instructions)} instructions for {batch} rows")
+            typed = self.typed or [()] * batch
             self._rows = [_Row(ins, self.spans.spans(ins) if self.spans is not None and ins
-                               else None) for ins in self.instructions]
+                               else None, tt) for ins, tt in zip(self.instructions, typed)]
             for row, ids in zip(self._rows, input_ids[:, p:].tolist()):
                 for k, tok in enumerate(ids):
                     if row.done:
@@ -272,11 +295,15 @@ class CopyLogitsProcessor(LogitsProcessor):
 
 
 def copy_logits_processor(tokenizer: Any, prompts: Sequence[str],
-                          prompt_length: int = 1, spans: Any = None) -> CopyLogitsProcessor:
+                          prompt_length: int = 1, spans: Any = None,
+                          typed: Sequence[Collection[str]] | None = None
+                          ) -> CopyLogitsProcessor:
     """A fresh processor for one call: each prompt's ``Goal:`` is the row's instruction.
     ``spans``: a span chooser (anything with ``spans(instruction)`` -> ``(start, end)``
     pairs in the lower-cased instruction, e.g. a
     :class:`~digirl_lite.policy.span_extractor.SpanExtractor`): the text must be one of
-    them; None: any span of whole words."""
+    them; None: any span of whole words. ``typed``: one per prompt, the texts its episode
+    typed already (not copied again while another span is left)."""
     return CopyLogitsProcessor(_copy_vocabulary(tokenizer),
-                               [task_from_prompt(p) for p in prompts], prompt_length, spans)
+                               [task_from_prompt(p) for p in prompts], prompt_length, spans,
+                               typed)

@@ -167,11 +167,14 @@ class AutoUIPolicy:
     def sample(self, prompts: Sequence[str], image_features: Any, temperature: float = 1.0,
                max_new_tokens: int = 128, generator_seed: int | None = None,
                constrained: bool = False, row_seeds: Sequence[int] | None = None,
-               copy_text: bool = False) -> list[Sample]:
+               copy_text: bool = False,
+               typed: Sequence[Sequence[str]] | None = None) -> list[Sample]:
         """:meth:`act`'s draws with what the learner of an on-policy method needs: each
         action's token ids and their log-probabilities as sampled (:class:`Sample`).
         ``row_seeds``: one seed per prompt, each row drawn from its own generator (what a
-        row samples then does not depend on the batch it is in)."""
+        row samples then does not depend on the batch it is in). ``typed`` (with
+        ``copy_text``): one per prompt, the texts its episode typed already, not copied
+        again while another span is left (:mod:`digirl_lite.policy.copying`)."""
         if len(prompts) == 0:
             return []
         was_training = self.model.training
@@ -190,7 +193,8 @@ class AutoUIPolicy:
             from digirl_lite.policy.copying import copy_logits_processor
 
             processors.append(copy_logits_processor(
-                self.tokenizer, prompts, spans=None if copy_text is True else copy_text))
+                self.tokenizer, prompts, spans=None if copy_text is True else copy_text,
+                typed=typed))
         if temperature > 0:  # sampled (digirl_lite.policy.sampling), the greedy loop picks it
             from digirl_lite.policy.sampling import CategoricalSampler
 

@@ -360,9 +360,11 @@ class VLMPolicy:
     @torch.no_grad()
     def sample(self, prompts: Sequence[str], screens: Any, temperature: float = 1.0,
                max_new_tokens: int = 128, generator_seed: int | None = None,
-               constrained: bool = False, copy_text: bool = False) -> list[Sample]:
+               constrained: bool = False, copy_text: bool = False,
+               typed: Sequence[Sequence[str]] | None = None) -> list[Sample]:
         """One reply per prompt (temperature 0: greedy), with its token ids (eos included)
-        and their log-probabilities as drawn."""
+        and their log-probabilities as drawn; ``typed`` as in
+        :meth:`~digirl_lite.policy.policy.AutoUIPolicy.sample`."""
         from transformers import GenerationConfig, LogitsProcessorList
 
         if len(prompts) == 0:
@@ -383,7 +385,7 @@ class VLMPolicy:
 
             processors.append(copy_logits_processor(
                 self.tokenizer, prompts, prompt_length=plen,
-                spans=None if copy_text is True else copy_text))
+                spans=None if copy_text is True else copy_text, typed=typed))
         if temperature > 0:
             from digirl_lite.policy.sampling import CategoricalSampler
 

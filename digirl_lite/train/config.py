@@ -382,6 +382,12 @@ class DigiRLConfig:
     TRAIN_PHRASING_SETS`; None: as the starting policy's (``train_phrasings`` where
     ``sft_phrasing_share`` > 0, else AitW's one phrasing). Alone, the extractor found the
     product in 96.7% of the held-out phrasings with "wide", 90.0% with "base"."""
+    typed_span_once: bool = False
+    """With ``copy_typed_text``: a TYPE does not copy a text its episode typed already while
+    the mask leaves another span (the sampling agent keeps each phone's typed texts;
+    :mod:`digirl_lite.policy.copying`). Issue 32, item 5: with the span extractor, most
+    failures left on the held-out phrasings typed the shop's address a second time, into the
+    shop's search box (the prompt holds only the last action). Off: a text may be retyped."""
     capacity: int = 5000
     """Replay buffer size in trajectories (paper: 5,000)."""
     critic_updates: int = 5
@@ -880,6 +886,9 @@ class DigiRLConfig:
             if not self.copy_typed_text:
                 raise ConfigError("typed_span_extractor narrows the copy mask's spans: set "
                                   "copy_typed_text true (or it to 'none')")
+        if self.typed_span_once and not self.copy_typed_text:
+            raise ConfigError("typed_span_once applies to the copy mask: set copy_typed_text "
+                              "true (or it false)")
         if self.typed_span_phrasings is not None:
             from digirl_lite.envs.sim.phrasings import TRAIN_PHRASING_SETS
 

@@ -77,16 +77,45 @@ the fleet's wall time, of which ``inference`` is the policy's (features + sampli
 
 class PolicyBatchAgent:
     """The policy behind the fleet's batch interface: features by screen content (cached),
-    one sampling call for every phone of the batch."""
+    one sampling call for every phone of the batch.
+
+    ``copy_once`` (with ``copy_text``; ``typed_span_once``): the agent keeps, per phone slot,
+    the texts its episode has typed (from the actions it sampled; a new episode starts where
+    an observation's ``step`` is 0 or its task changes), and the copy mask does not type one
+    again while another span is left (:mod:`digirl_lite.policy.copying`)."""
 
     def __init__(self, policy, features, screens: ScreenTable, temperature: float = 1.0,
                  max_new_tokens: int = 64, constrained: bool = False,
-                 copy_text: Any = False) -> None:
+                 copy_text: Any = False, copy_once: bool = False) -> None:
+        if copy_once and not copy_text:
+            raise ValueError("copy_once needs copy_text (the copy mask applies it)")
         self.policy, self.features, self.screens = policy, features, screens
         self.temperature, self.max_new_tokens = temperature, max_new_tokens
         self.constrained, self.copy_text = constrained, copy_text
+        self.copy_once = bool(copy_once)
+        self._typed: dict[Any, tuple[str, list[str]]] = {}  # slot -> (task, texts typed)
         self.seconds = 0.0  # time spent in act_batch (features + sampling): "inference"
         self.calls = 0
+
+    def typed_before(self, slots: Sequence[Any],
+                     observations: Sequence[Observation]) -> list[list[str]]:
+        """Each slot's texts typed so far in its current episode (reset at a new one)."""
+        out = []
+        for slot, o in zip(slots, observations):
+            task, texts = self._typed.get(slot, (None, []))
+            if o.step == 0 or task != o.task:
+                texts = []
+                self._typed[slot] = (o.task, texts)
+            out.append(list(texts))
+        return out
+
+    def _record_typed(self, slots: Sequence[Any], texts: Sequence[str]) -> None:
+        from digirl_lite.actions import ActionType, parse_action
+
+        for slot, text in zip(slots, texts):
+            a = parse_action(text)
+            if a.action_type == ActionType.TYPE and slot in self._typed:
+                self._typed[slot][1].append(a.typed_text)
 
     def features_of(self, screen_ids: Sequence[str]) -> np.ndarray:
         # a screen whose features are cached is not read again (it may be on disk by now)
@@ -104,11 +133,15 @@ class PolicyBatchAgent:
         else:
             inputs = self.features_of([o.screen_id or screen_id_of_image(o.screenshot)
                                        for o in observations])
+        kw: dict[str, Any] = {"copy_text": self.copy_text} if self.copy_text else {}
+        if self.copy_once:
+            kw["typed"] = self.typed_before(slots, observations)
         drawn = self.policy.sample([o.prompt for o in observations], inputs,
                                    temperature=self.temperature,
                                    max_new_tokens=self.max_new_tokens,
-                                   constrained=self.constrained,
-                                   **({"copy_text": self.copy_text} if self.copy_text else {}))
+                                   constrained=self.constrained, **kw)
+        if self.copy_once:
+            self._record_typed(slots, [d.text for d in drawn])
         self.seconds += time.perf_counter() - t0
         self.calls += 1
         # strings that carry their tokens and log-probabilities onto the steps (issue 17)
@@ -433,7 +466,8 @@ class Trainer:
         return PolicyBatchAgent(self.policy, self.features,
                                 screens if screens is not None else self.screens,
                                 self.cfg.temperature, self.cfg.max_new_tokens,
-                                self.cfg.constrained_decoding, self.copy_text())
+                                self.cfg.constrained_decoding, self.copy_text(),
+                                self.cfg.typed_span_once)
 
     def copy_text(self) -> Any:
         """What the sampling's copy mask gets: False (none), True (any span) or the run's
@@ -538,6 +572,7 @@ class Trainer:
                     if c.typed_span_extractor != "none" else ())
         devices += ((("span_phrasings", c.typed_span_phrasings),)
                     if c.typed_span_phrasings is not None else ())
+        devices += (("span_once", True),) if c.typed_span_once else ()
         return self._cache_key("pile-v3", c.world, c.seed, c.pile_size, c.judge, c.temperature,
                                c.constrained_decoding, c.max_new_tokens, c.horizon, c.task_file,
                                policy_id, *devices)
@@ -895,7 +930,7 @@ class Trainer:
         self._collect_agent = PolicyBatchAgent(
             self._behaviour, FeatureCache(self.features.encoder, max_items=4096),
             self._collect_screens, c.temperature, c.max_new_tokens, c.constrained_decoding,
-            self.copy_text())
+            self.copy_text(), c.typed_span_once)
         fleet = self.fleet()
         fleet.policy_version = self.iteration
         seed = int(self.rng.integers(0, 2**31 - 1))
