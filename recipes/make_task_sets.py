@@ -17,7 +17,7 @@ import random
 from pathlib import Path
 
 from digirl_lite.envs.sim.catalog import APPS, HELD_OUT_SITES, SITES, TRAIN_SITES
-from digirl_lite.envs.sim.phrasings import HELD_OUT_PHRASINGS, rephrase
+from digirl_lite.envs.sim.phrasings import FINAL_PHRASINGS, HELD_OUT_PHRASINGS, rephrase
 from digirl_lite.envs.sim.tasks import parse_task
 from digirl_lite.paths import data_dir
 
@@ -396,6 +396,14 @@ def unseen_phrasings_lines(test_lines: list[str], seed: int) -> list[str]:
     return [rephrase(line, HELD_OUT_PHRASINGS, rng) for line in test_lines]
 
 
+def final_phrasings_lines(test_lines: list[str], seed: int) -> list[str]:
+    """The final split ``webshop_final_phrasings``: line i is line i of the test list written
+    with :data:`FINAL_PHRASINGS` (written after every design choice the held-out split served;
+    evaluate on it once, for a claim)."""
+    rng = random.Random(seed + 77)
+    return [rephrase(line, FINAL_PHRASINGS, rng) for line in test_lines]
+
+
 def build_task_sets(seed: int = 0) -> dict[str, list[str]]:
     """File name -> lines, deterministic from ``seed``; every line is checked to parse."""
     rng = random.Random(seed)
@@ -407,6 +415,7 @@ def build_task_sets(seed: int = 0) -> dict[str, list[str]]:
     }
     sets["webshop_unseen_products.txt"] = unseen_products_lines(seed)
     sets["webshop_unseen_phrasings.txt"] = unseen_phrasings_lines(sets["webshop_test.txt"], seed)
+    sets["webshop_final_phrasings.txt"] = final_phrasings_lines(sets["webshop_test.txt"], seed)
     for name, topics, (n_search, n_open) in (
         ("general_train.txt", train_topics, GENERAL_TRAIN),
         ("general_test.txt", test_topics, GENERAL_TEST),

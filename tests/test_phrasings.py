@@ -151,6 +151,36 @@ def test_unseen_phrasings_split_is_the_test_list_rephrased():
                 assert v not in train_text
 
 
+def test_the_final_split_is_the_test_list_in_templates_of_its_own():
+    """``webshop_final_phrasings``: the test list line by line in :data:`FINAL_PHRASINGS`,
+    whose templates (each reading back on its own) are none of another set's, and which no
+    preset evaluates by default (a split for a claim, measured once)."""
+    from digirl_lite.envs.sim.phrasings import FINAL_PHRASINGS
+    from digirl_lite.train.config import sim_webshop
+
+    def templates(p):
+        return {t.lower() for t in (*p.level1, *p.level2, *p.select)}
+
+    final = templates(FINAL_PHRASINGS)
+    for other in (*TRAIN_PHRASING_SETS.values(), HELD_OUT_PHRASINGS):
+        assert not final & templates(other)
+    p = FINAL_PHRASINGS
+    for q in ("bose 700", "'hp envy 13'", "a razer viper mini"):
+        for t in p.level1:
+            assert _key(t.format(d="ebay.com")) == ("webshop", "ebay", 1, None), t
+        for t in p.level2:
+            text, want = t.format(d="ebay.com", q=q), q.strip("'").removeprefix("a ")
+            assert _key(text) == ("webshop", "ebay", 2, want), text
+            for sel in p.select:
+                assert _key(text + sel) == ("webshop", "ebay", 3, want), text + sel
+    test = load_task_file(TASKS / "webshop_test.txt")
+    split = load_task_file(TASKS / "webshop_final_phrasings.txt")
+    held = load_task_file(TASKS / "webshop_unseen_phrasings.txt")
+    assert [_key(s) for s in split] == [_key(t) for t in test]
+    assert not set(split) & (set(test) | set(held))
+    assert "final_phrasings" not in sim_webshop().eval_splits
+
+
 def test_unseen_products_split_names_no_train_or_test_product_and_held_out_sites():
     seen = {parse_task(t).query.lower() for f in ("train", "test")
             for t in load_task_file(TASKS / f"webshop_{f}.txt") if parse_task(t).query}
@@ -173,7 +203,7 @@ def test_the_expert_solves_every_split_task():
     from digirl_lite.envs.sim import SimPhoneEnv
     from digirl_lite.envs.sim.agents import ScriptedExpert
 
-    for split in ("unseen_products", "unseen_phrasings"):
+    for split in ("unseen_products", "unseen_phrasings", "final_phrasings"):
         env = SimPhoneEnv(str(TASKS / f"webshop_{split}.txt"), seed=0)
         wins = 0
         for i, task in enumerate(env.tasks[:24]):

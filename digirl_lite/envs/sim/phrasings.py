@@ -9,7 +9,9 @@ templates, written apart (issue 32, item 5):
   of the demonstrations', the pile's and the online phase's train tasks with them);
 * :data:`HELD_OUT_PHRASINGS`: what only the held-out split ``webshop_unseen_phrasings`` uses
   (:func:`rephrase`; ``recipes/make_task_sets.py``). No template, verb or "first entry"
-  wording of one set is in the other.
+  wording of one set is in the other;
+* :data:`FINAL_PHRASINGS`: the final split ``webshop_final_phrasings``, written after every
+  design choice the held-out split served, for a claim measured once.
 
 Every phrasing is one :func:`~digirl_lite.envs.sim.tasks.parse_task` reads back to the same
 site, level and product: :func:`rephrase` checks it.
@@ -25,7 +27,7 @@ from digirl_lite.envs.sim.catalog import SITES
 from digirl_lite.envs.sim.tasks import TYPO_KEYWORDS, Task, UnsupportedTaskError, parse_task
 
 __all__ = ["Phrasings", "TRAIN_PHRASINGS", "WIDE_TRAIN_PHRASINGS", "TRAIN_PHRASING_SETS",
-           "HELD_OUT_PHRASINGS", "rephrase", "rephrase_tasks", "add_typo"]
+           "HELD_OUT_PHRASINGS", "FINAL_PHRASINGS", "rephrase", "rephrase_tasks", "add_typo"]
 
 
 @dataclass(frozen=True)
@@ -96,6 +98,27 @@ HELD_OUT_PHRASINGS = Phrasings(
             " and grab the top match"),
     quote_p=0.3, article_p=0.3, lower_p=0.7, typo_p=0.4,
 )
+
+FINAL_PHRASINGS = Phrasings(
+    level1=("get me to {d}", "hey, take me to {d}", "could you bring up {d} for me",
+            "okay, pull up {d}", "pls open up {d} now"),
+    level2=("hey, i want {q} from {d}", "pls check {q} over at {d}",
+            "okay, find {q} via {d}", "could you show me {q} in {d}",
+            "i am looking for {q} at {d}", "please get me {q} on {d}",
+            "over at {d}: find me {q}", "on {d}, please show me {q}",
+            "can you search {d} for {q}", "pull up {d} then look up {q}",
+            "take me to {d} and find {q}", "get me to {d}, then show me {q}"),
+    select=(" and tap on the top item", ", then click on the 1st result",
+            " and pick the top listing", ", grab the first product"),
+    quote_p=0.3, article_p=0.4, lower_p=0.6, typo_p=0.3,
+)
+"""What only the final split ``webshop_final_phrasings`` uses: 17 templates written at the
+end of issue 32's item 5 (session 12), after every design choice the held-out split
+``webshop_unseen_phrasings`` had served (the span benchmark's readers, the extractor's data,
+the wide train phrasings were all chosen looking at that split). None of them is a template of
+another set (``tests/test_phrasings.py``); they recombine what the simulator's parser reads
+(prefixes, verbs, prepositions, selections) in frames no other set has. Not among the main
+job's ``eval_splits``: evaluate on it once, for a claim, and design on nothing it shows."""
 
 TRAIN_PHRASING_SETS = {"base": TRAIN_PHRASINGS, "wide": WIDE_TRAIN_PHRASINGS}
 """What the config's ``train_phrasings`` may name."""
