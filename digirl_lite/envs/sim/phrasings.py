@@ -112,7 +112,7 @@ FINAL_PHRASINGS = Phrasings(
             " and pick the top listing", ", grab the first product"),
     quote_p=0.3, article_p=0.4, lower_p=0.6, typo_p=0.3,
 )
-"""What only the final split ``webshop_final_phrasings`` uses: 17 templates written at the
+"""What only the final split ``webshop_final_phrasings`` uses: 21 templates written at the
 end of issue 32's item 5 (session 12), after every design choice the held-out split
 ``webshop_unseen_phrasings`` had served (the span benchmark's readers, the extractor's data,
 the wide train phrasings were all chosen looking at that split). None of them is a template of
