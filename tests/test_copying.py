@@ -214,34 +214,10 @@ class _Chosen:
         return out
 
 
-def test_a_span_chooser_narrows_typing_to_its_spans(tok):
-    """With a chooser, random scores type only its spans (the address or the product), each
-    whole; without one they typed many others (the test above)."""
-    want = {"At ebay.com, look up a Crucial MX500 SSD": ["ebay.com", "crucial mx500 ssd"],
-            "i need keychron k2 keyboard from bestbuy.com and grab the top match":
-                ["bestbuy.com", "keychron k2 keyboard"]}
-    rows = [list(want)[i % 2] for i in range(32)]
-    prompts = [build_prompt(r) for r in rows]
-    head = _type_head(tok)
-    gen = torch.Generator().manual_seed(1)
-    grammar = action_logits_processor(tok, 64)
-    copy = copy_logits_processor(tok, prompts, spans=_Chosen(want))
-    ids = torch.tensor([[0] + head] * len(rows))
-    for _ in range(40):
-        scores = copy(ids, grammar(ids, torch.randn(len(rows), tok.vocab_size,
-                                                    generator=gen) * 3))
-        assert torch.isfinite(scores).any(dim=1).all()
-        ids = torch.cat([ids, scores.argmax(-1, keepdim=True)], 1)
-    typed = [parse_action(s).typed_text.lower() for s in tok.batch_decode(ids[:, 1:])]
-    for row, t in zip(rows, typed):
-        assert t in want[row], (row, t)
-    assert {t for t in typed} == {t for v in want.values() for t in v}  # each one chosen
-
-
-def _draw(tok, prompts, **kw):
+def _draw(tok, prompts, seed=2, **kw):
     """Random scores through the grammar and the copy mask: each row's typed text."""
     head = _type_head(tok)
-    gen = torch.Generator().manual_seed(2)
+    gen = torch.Generator().manual_seed(seed)
     grammar = action_logits_processor(tok, 64)
     copy = copy_logits_processor(tok, prompts, **kw)
     ids = torch.tensor([[0] + head] * len(prompts))
@@ -251,6 +227,19 @@ def _draw(tok, prompts, **kw):
         assert torch.isfinite(scores).any(dim=1).all()
         ids = torch.cat([ids, scores.argmax(-1, keepdim=True)], 1)
     return [parse_action(s).typed_text.lower() for s in tok.batch_decode(ids[:, 1:])]
+
+
+def test_a_span_chooser_narrows_typing_to_its_spans(tok):
+    """With a chooser, random scores type only its spans (the address or the product), each
+    whole; without one they typed many others (the test above)."""
+    want = {"At ebay.com, look up a Crucial MX500 SSD": ["ebay.com", "crucial mx500 ssd"],
+            "i need keychron k2 keyboard from bestbuy.com and grab the top match":
+                ["bestbuy.com", "keychron k2 keyboard"]}
+    rows = [list(want)[i % 2] for i in range(32)]
+    typed = _draw(tok, [build_prompt(r) for r in rows], seed=1, spans=_Chosen(want))
+    for row, t in zip(rows, typed):
+        assert t in want[row], (row, t)
+    assert {t for t in typed} == {t for v in want.values() for t in v}  # each one chosen
 
 
 def test_a_text_typed_already_is_not_copied_again(tok):
