@@ -795,35 +795,29 @@ def cpu_count() -> int:
         return os.cpu_count() or 1
 
 
-def _take_lock(job: Job) -> int | None:
-    """Claim the job for this process (``runs/grid/<grid>/<arm>/seed<S>.lock``, holding its
-    pid): None when taken, else the pid of the live process that holds it (a grid run twice
-    at once, or two grids sharing an arm, never run one job twice)."""
+_LOCKS: dict[Path, Any] = {}  # the jobs this process holds: lock file -> FileLock
+
+
+def _take_lock(job: Job) -> str | None:
+    """Claim the job for this process (``runs/grid/<grid>/<arm>/seed<S>.lock``, a
+    :class:`~digirl_lite.paths.FileLock`): None when taken, else who holds it (a grid run
+    twice at once, or two grids sharing an arm, never run one job twice). The system drops
+    a lock whose runner died, however it died."""
+    from digirl_lite.paths import FileLock
+
     path = job.out.with_suffix(".lock")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    for _ in range(2):
-        try:
-            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-        except FileExistsError:
-            try:
-                pid = int(path.read_text() or 0)
-                os.kill(pid, 0)
-                if pid != os.getpid():
-                    return pid
-            except (ValueError, ProcessLookupError):
-                pass  # a lock left by a runner that died
-            except PermissionError:  # alive, someone else's
-                return pid
-            path.unlink(missing_ok=True)
-            continue
-        os.write(fd, str(os.getpid()).encode())
-        os.close(fd)
+    if path in _LOCKS:
         return None
-    return -1
+    lock = FileLock(path)
+    if (holder := lock.acquire()) is not None:
+        return holder
+    _LOCKS[path] = lock
+    return None
 
 
 def _drop_lock(job: Job) -> None:
-    job.out.with_suffix(".lock").unlink(missing_ok=True)
+    if (lock := _LOCKS.pop(job.out.with_suffix(".lock"), None)) is not None:
+        lock.release()
 
 
 def run_jobs(jobs: list[Job], n_jobs: int, *, commit: bool = False,
@@ -870,9 +864,9 @@ def run_jobs(jobs: list[Job], n_jobs: int, *, commit: bool = False,
         while todo or running:
             while todo and len(running) < n_jobs:
                 job = todo.pop(0)
-                if (pid := _take_lock(job)) is not None:
+                if (holder := _take_lock(job)) is not None:
                     outcome["busy"].append(job)
-                    print(f"busy {job.arm.grid}/{job.name}: process {pid} runs it", flush=True)
+                    print(f"busy {job.arm.grid}/{job.name}: {holder} runs it", flush=True)
                     continue
                 st = job.state()
                 if st in ("done", "finished"):  # done meanwhile / the runner died after it
@@ -1433,8 +1427,8 @@ def rerun_stale(jobs: list[Job], commit: str, *, dry_run: bool = False) -> list[
     for job in jobs:
         if not (why := is_stale(job, target)):
             continue
-        if not dry_run and (pid := _take_lock(job)) is not None:
-            print(f"busy {job.arm.grid}/{job.name} ({why}): process {pid} runs it")
+        if not dry_run and (holder := _take_lock(job)) is not None:
+            print(f"busy {job.arm.grid}/{job.name} ({why}): {holder} runs it")
             continue
         stale.append(job)
         print(f"stale {job.arm.grid}/{job.name}: {why}"

@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 
 __all__ = ["data_dir", "content_key", "atomic_write_text", "user_cache_dir", "fsync_tree",
-           "fsync_dir"]
+           "fsync_dir", "FileLock", "lock_run_folder"]
 
 
 def data_dir() -> Path:
@@ -85,3 +85,73 @@ def fsync_dir(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+class FileLock:
+    """An advisory lock on ``path`` for this process: an exclusive ``flock`` on the file,
+    which holds the holder's pid and host (for messages only). The system drops it when the
+    process ends, however it ends, so a killed process never leaves a stale lock; a file
+    left behind is taken over. On a system without ``fcntl`` (Windows) nothing is locked.
+
+    ``acquire()`` returns None once this object holds the lock, else who holds it
+    (``"process 123 on host h"``); ``release()`` deletes the file and drops the lock."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self._fd: int | None = None
+
+    @property
+    def held(self) -> bool:
+        return self._fd is not None
+
+    def acquire(self) -> str | None:
+        try:
+            import fcntl
+        except ImportError:  # pragma: no cover - Windows
+            return None
+        if self._fd is not None:
+            return None
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        for _ in range(5):
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:  # held: say by whom (the holder wrote it when it took the lock)
+                holder = os.read(fd, 200).decode(errors="replace").split()
+                os.close(fd)
+                return (f"process {holder[0]} on host {holder[1]}" if len(holder) == 2
+                        else "another process")
+            try:  # a releaser deletes the file while it holds the lock: is ours still it?
+                current = os.fstat(fd).st_ino == os.stat(self.path).st_ino
+            except FileNotFoundError:
+                current = False
+            if not current:
+                os.close(fd)
+                continue
+            import socket
+
+            os.ftruncate(fd, 0)
+            os.write(fd, f"{os.getpid()} {socket.gethostname()}\n".encode())
+            self._fd = fd
+            return None
+        return "another process (the lock file kept changing)"
+
+    def release(self) -> None:
+        if self._fd is None:
+            return
+        self.path.unlink(missing_ok=True)  # while still held: no one takes the old file
+        os.close(self._fd)
+        self._fd = None
+
+
+def lock_run_folder(folder: str | Path) -> FileLock:
+    """Take ``folder/run.lock`` for this process, or raise :class:`FolderBusyError` naming
+    the live process that writes the folder (a run resumed while its first process still
+    runs, or one folder given to two runs)."""
+    from digirl_lite.errors import FolderBusyError
+
+    lock = FileLock(Path(folder) / "run.lock")
+    if (holder := lock.acquire()) is not None:
+        raise FolderBusyError(f"{folder} is in use by {holder} (its lock {lock.path}): wait "
+                              "for that run to end or stop it, or give another output folder")
+    return lock

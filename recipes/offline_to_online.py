@@ -18,6 +18,7 @@ import os
 import sys
 from pathlib import Path
 
+from digirl_lite.errors import FolderBusyError
 from digirl_lite.train.cli import (
     add_processes_argument,
     cache_dir_of,
@@ -75,6 +76,8 @@ def main(argv: list[str] | None = None) -> dict:
                                         allow_config_change=args.allow_config_change)
         except RunStopped as e:
             raise SystemExit(f"run stopped: {e}") from None
+        except FolderBusyError as e:
+            raise SystemExit(f"not started: {e}") from None
         except ConfigError as e:
             raise SystemExit(f"cannot resume: {e}") from None
     if trainer.is_main:  # under `accelerate launch`, once

@@ -10,7 +10,6 @@ import hashlib
 import importlib.util
 import json
 import math
-import os
 import subprocess
 import sys
 import textwrap
@@ -241,16 +240,24 @@ def test_resume_skips_finished_and_resumes_checkpointed(fake_grid):
 
 def test_a_job_another_live_runner_holds_is_left_alone(fake_grid):
     spec, runs, results = fake_grid
+    from test_run_lock import hold
+
     held, stale = grid.jobs_of(spec, seeds=[0, 1], runs_dir=runs, results_dir=results)
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
                           capture_output=True, text=True).stdout.strip()
-    for job, pid in ((held, os.getppid()), (stale, dead)):
-        job.out.parent.mkdir(parents=True, exist_ok=True)
-        job.out.with_suffix(".lock").write_text(str(pid))
-    outcome = grid.run_jobs([held, stale], 2, check_configs=False, poll_s=0.05)
+    stale.out.parent.mkdir(parents=True, exist_ok=True)
+    stale.out.with_suffix(".lock").write_text(f"{dead} host\n")  # left by a runner that died
+    runner = hold(held.out.with_suffix(".lock"))  # another live runner
+    try:
+        outcome = grid.run_jobs([held, stale], 2, check_configs=False, poll_s=0.05)
+    finally:
+        runner.kill()
+        runner.wait()
     assert outcome["busy"] == [held] and outcome["ran"] == [stale]
     assert _calls(held) == [] and held.out.with_suffix(".lock").is_file()
     assert not stale.out.with_suffix(".lock").exists()  # released when the job ended
+    # the runner gone (killed: its lock file stays), the next call runs the job
+    assert grid.run_jobs([held], 1, check_configs=False, poll_s=0.05)["ran"] == [held]
 
 
 def test_finished_run_gets_its_result_without_rerunning(fake_grid):

@@ -226,6 +226,13 @@ def test_resume_after_kill_loses_and_repeats_nothing(tmp_path):
     p = _run(args, start_new_session=True)
     metrics = out / "metrics.jsonl"
     deadline = time.time() + 1200
+    while not metrics.is_file() and p.poll() is None and time.time() < deadline:
+        time.sleep(0.2)  # the run has begun (its folder is locked before anything is logged)
+    # a resume while the run still runs is refused (the run folder's lock), and says by whom
+    early = _run([*args, "--resume"])
+    said, _ = early.communicate(timeout=600)
+    assert early.returncode != 0 and "is in use by process" in said, said[-3000:]
+    assert p.poll() is None  # the run goes on
     while time.time() < deadline:
         if metrics.is_file() and '"iteration": 2' in metrics.read_text():
             break

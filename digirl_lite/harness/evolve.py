@@ -274,6 +274,22 @@ def _draw(archive: Any, path: Path, gens: list[dict[str, Any]]) -> None:
 def run_evolution(cfg: EvolveConfig, out: str | Path, resume: bool = False,
                   log: Any = print) -> dict[str, Any]:
     """The whole run; returns (and writes) ``summary.json``'s content."""
+    from digirl_lite.paths import lock_run_folder
+
+    cfg.check()
+    out = Path(out)
+    if out.exists() and any(out.iterdir()) and not resume:
+        raise ConfigError(f"--out {out} is not empty: pass --resume to continue the run there "
+                          "or choose another folder")
+    out.mkdir(parents=True, exist_ok=True)
+    lock = lock_run_folder(out)  # a resume while the first process still runs: refused
+    try:
+        return _evolve(cfg, out, resume, log)
+    finally:
+        lock.release()
+
+
+def _evolve(cfg: EvolveConfig, out: Path, resume: bool, log: Any) -> dict[str, Any]:
     from digirl_lite.envs.sim.agents import ScriptedExpert
     from digirl_lite.envs.sim.env import SimEnvFactory, SimPhoneEnv
     from digirl_lite.harness.darwinx import Archive, DarwinX, select_parent
@@ -282,12 +298,6 @@ def run_evolution(cfg: EvolveConfig, out: str | Path, resume: bool = False,
     from digirl_lite.rollout.factory import make_fleet
     from digirl_lite.rollout.fleet import ScriptedBatchAgent
 
-    cfg.check()
-    out = Path(out)
-    if out.exists() and any(out.iterdir()) and not resume:
-        raise ConfigError(f"--out {out} is not empty: pass --resume to continue the run there "
-                          "or choose another folder")
-    out.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
     test = [t.text for t in SimPhoneEnv._load_task_list(f"{cfg.world}_test")]
     evo = evolution_tasks(cfg.world, cfg.evo_tasks, seed=cfg.seed, exclude=test)

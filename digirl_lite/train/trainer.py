@@ -43,7 +43,14 @@ from digirl_lite.data.store import TrajectoryStore
 from digirl_lite.envs.base import Observation
 from digirl_lite.errors import ConfigError
 from digirl_lite.learners import make_learner
-from digirl_lite.paths import atomic_write_text, content_key, fsync_dir, fsync_tree, user_cache_dir
+from digirl_lite.paths import (
+    atomic_write_text,
+    content_key,
+    fsync_dir,
+    fsync_tree,
+    lock_run_folder,
+    user_cache_dir,
+)
 from digirl_lite.policy.updates import (
     mle_update,
     steps_to_batch,
@@ -1236,10 +1243,16 @@ class Trainer:
         killed: a phase that had not finished is redone, and what it had stored is read
         back, never stored twice. ``allow_config_change``: resume under a config that
         differs from the run's (refused otherwise)."""
+        # one process writes a run folder: a second (a resume while the first still runs, one
+        # folder given to two runs) is refused before it reads a checkpoint or writes one
+        lock = None
         try:
+            lock = lock_run_folder(self.out) if self.is_main else None
             return self._run(resume, offline, online, allow_config_change)
         finally:  # a stopped or crashed run still ends its workers and emulators
             self.close()
+            if lock is not None:
+                lock.release()
 
     def _done(self, phase: str) -> bool:
         order = (*RUN_PHASES, "online")

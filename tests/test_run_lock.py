@@ -1,0 +1,92 @@
+"""One process writes a run folder: the lock a Trainer and an evolution take, and the grid's
+job locks (the same :class:`~digirl_lite.paths.FileLock`)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from digirl_lite.errors import FolderBusyError
+from digirl_lite.paths import FileLock, lock_run_folder
+
+HOLD = ("import sys; from digirl_lite.paths import FileLock; l = FileLock(sys.argv[1]); "
+        "assert l.acquire() is None; print('held', flush=True); sys.stdin.read()")
+
+
+def hold(path: Path) -> subprocess.Popen:
+    """Another live process holding ``path`` (it holds it until its stdin closes)."""
+    p = subprocess.Popen([sys.executable, "-c", HOLD, str(path)], stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, text=True)
+    assert p.stdout.readline().strip() == "held"
+    return p
+
+
+def test_a_held_lock_names_its_holder_and_dies_with_it(tmp_path):
+    path = tmp_path / "run" / "run.lock"
+    p = hold(path)
+    try:
+        assert FileLock(path).acquire() == f"process {p.pid} on host {socket.gethostname()}"
+        with pytest.raises(FolderBusyError, match=rf"{tmp_path / 'run'} is in use by "
+                                                   rf"process {p.pid} on host"):
+            lock_run_folder(tmp_path / "run")
+    finally:
+        p.kill()  # as kill -9 would: the system drops the lock, no stale file blocks
+        p.wait()
+    assert path.is_file()  # left behind by the killed holder, and taken over
+    lock = lock_run_folder(tmp_path / "run")
+    assert lock.held and path.read_text().split() == [str(os.getpid()), socket.gethostname()]
+    assert FileLock(path).acquire() is not None  # a second claim, even from this process
+    lock.release()
+    assert not path.exists() and not lock.held
+    again = FileLock(path)
+    assert again.acquire() is None
+    again.release()
+
+
+def test_a_lock_file_no_process_holds_is_taken_over(tmp_path):
+    path = tmp_path / "run.lock"
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True).stdout.strip()
+    path.write_text(f"{dead} {socket.gethostname()}\n")  # its writer died without a release
+    lock = FileLock(path)
+    assert lock.acquire() is None
+    assert path.read_text().split()[0] == str(os.getpid())
+    lock.release()
+
+
+def test_a_trainer_refuses_a_folder_another_process_writes(tmp_path):
+    """A resume started while the run's first process still runs stops before it reads a
+    checkpoint or writes anything into the folder."""
+    from digirl_lite.train.config import sim_quick
+    from digirl_lite.train.trainer import Trainer
+
+    out = tmp_path / "run"
+    p = hold(out / "run.lock")
+    try:
+        trainer = Trainer(sim_quick(pile_size=4, iterations=1, eval_tasks=2), out,
+                          cache_dir=None, progress=False)
+        with pytest.raises(FolderBusyError, match=f"in use by process {p.pid}"):
+            trainer.run(resume=True)
+        assert sorted(os.listdir(out)) == ["run.lock"]  # nothing read, nothing written
+    finally:
+        p.kill()
+        p.wait()
+
+
+def test_an_evolution_refuses_a_folder_another_process_writes(tmp_path):
+    from digirl_lite.harness.evolve import EvolveConfig, run_evolution
+
+    out = tmp_path / "run"
+    p = hold(out / "run.lock")
+    try:
+        with pytest.raises(FolderBusyError, match=f"in use by process {p.pid}"):
+            run_evolution(EvolveConfig(), out, resume=True, log=lambda *a: None)
+        assert sorted(os.listdir(out)) == ["run.lock"]
+    finally:
+        p.kill()
+        p.wait()
