@@ -815,6 +815,12 @@ def _take_lock(job: Job) -> str | None:
     return None
 
 
+def _lock_fds(job: Job) -> tuple[int, ...]:
+    """The job lock's descriptor, for the job's process to inherit (none where unlocked)."""
+    lock = _LOCKS.get(job.out.with_suffix(".lock"))
+    return (lock.fileno(),) if lock is not None and lock.held else ()
+
+
 def _drop_lock(job: Job) -> None:
     if (lock := _LOCKS.pop(job.out.with_suffix(".lock"), None)) is not None:
         lock.release()
@@ -898,8 +904,10 @@ def run_jobs(jobs: list[Job], n_jobs: int, *, commit: bool = False,
                           f"OMP_NUM_THREADS={threads} {shlex.join(cmd)}\n")
                 log.flush()
                 start_attempt(job, state, threads, resume=st == "resume")
+                # the job's lock goes with it: should this runner die (kill -9), the job
+                # stays held while it runs, and no other runner clears its folder
                 p = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log,
-                                     stderr=subprocess.STDOUT)
+                                     stderr=subprocess.STDOUT, pass_fds=_lock_fds(job))
                 started += 1
                 print(f"[{started}/{total}] {'resume' if st == 'resume' else 'start'} "
                       f"{job.arm.grid}/{job.name} ({threads} thread(s)); log {_rel(job.log)}",

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import functools
 import os
+import threading
 from pathlib import Path
+from typing import Any
 
 __all__ = ["data_dir", "content_key", "atomic_write_text", "user_cache_dir", "fsync_tree",
            "fsync_dir", "FileLock", "lock_run_folder"]
@@ -91,41 +93,71 @@ class FileLock:
     """An advisory lock on ``path`` for this process: an exclusive ``flock`` on the file,
     which holds the holder's pid and host (for messages only). The system drops it when the
     process ends, however it ends, so a killed process never leaves a stale lock; a file
-    left behind is taken over. On a system without ``fcntl`` (Windows) nothing is locked.
+    left behind is taken over. Where the file system cannot lock (no ``fcntl`` on Windows,
+    some network mounts) ``acquire()`` warns and goes on unlocked.
 
-    ``acquire()`` returns None once this object holds the lock, else who holds it
-    (``"process 123 on host h"``); ``release()`` deletes the file and drops the lock."""
+    The lock is the process's: a second ``FileLock`` of the same path in the process that
+    holds it shares it (a notebook cell run again builds its object before the old one is
+    dropped), and the file is let go when the last of them releases.
+
+    ``acquire()`` returns None once this object holds the lock (or cannot lock), else who
+    holds it (``"process 123 on host h"``); ``release()`` deletes the file and drops the
+    lock; ``fileno()`` is the locked file's descriptor (a child process given it, as with
+    ``subprocess.Popen(pass_fds=...)``, keeps the lock alive while it runs)."""
+
+    _mine: dict[str, list[int]] = {}  # path -> [fd, holders]: this process's locks
+    _guard = threading.Lock()
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
+        self._key = os.path.abspath(self.path)
         self._fd: int | None = None
 
     @property
     def held(self) -> bool:
         return self._fd is not None
 
+    def fileno(self) -> int:
+        if self._fd is None:
+            raise ValueError(f"{self.path} is not held")
+        return self._fd
+
     def acquire(self) -> str | None:
+        import warnings
+
         try:
             import fcntl
         except ImportError:  # pragma: no cover - Windows
+            warnings.warn(f"{self.path}: no fcntl here, the folder is not locked", stacklevel=2)
             return None
-        if self._fd is not None:
-            return None
+        with self._guard:
+            if self._fd is not None:
+                return None
+            if (mine := self._mine.get(self._key)) is not None:
+                mine[1] += 1
+                self._fd = mine[0]
+                return None
+            return self._take(fcntl)
+
+    def _take(self, fcntl: Any) -> str | None:
+        import warnings
+
         self.path.parent.mkdir(parents=True, exist_ok=True)
         for _ in range(5):
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError:  # held: say by whom (the holder wrote it when it took the lock)
+            except BlockingIOError:  # held: say by whom (the holder wrote it on taking it)
                 holder = os.read(fd, 200).decode(errors="replace").split()
                 os.close(fd)
                 return (f"process {holder[0]} on host {holder[1]}" if len(holder) == 2
                         else "another process")
-            try:  # a releaser deletes the file while it holds the lock: is ours still it?
-                current = os.fstat(fd).st_ino == os.stat(self.path).st_ino
-            except FileNotFoundError:
-                current = False
-            if not current:
+            except OSError as e:  # a file system that cannot lock: say so, go on
+                os.close(fd)
+                warnings.warn(f"{self.path}: cannot lock here ({e}): nothing stops a second "
+                              "process from writing the same folder", stacklevel=2)
+                return None
+            if not self._is_path(fd):  # a releaser deleted it while we waited: retry
                 os.close(fd)
                 continue
             import socket
@@ -133,15 +165,37 @@ class FileLock:
             os.ftruncate(fd, 0)
             os.write(fd, f"{os.getpid()} {socket.gethostname()}\n".encode())
             self._fd = fd
+            self._mine[self._key] = [fd, 1]
             return None
         return "another process (the lock file kept changing)"
 
+    def _is_path(self, fd: int) -> bool:
+        """Whether ``fd`` is still the file named ``path``."""
+        try:
+            mine, named = os.fstat(fd), os.stat(self.path)
+        except FileNotFoundError:
+            return False
+        return (mine.st_dev, mine.st_ino) == (named.st_dev, named.st_ino)
+
     def release(self) -> None:
-        if self._fd is None:
-            return
-        self.path.unlink(missing_ok=True)  # while still held: no one takes the old file
-        os.close(self._fd)
-        self._fd = None
+        with self._guard:
+            if self._fd is None:
+                return
+            fd, self._fd = self._fd, None
+            mine = self._mine[self._key]
+            mine[1] -= 1
+            if mine[1]:
+                return  # another object of this process still holds it
+            del self._mine[self._key]
+            if self._is_path(fd):  # deleted while still held: no one takes the old file
+                self.path.unlink(missing_ok=True)
+            os.close(fd)
+
+    def __del__(self) -> None:  # an object dropped unreleased (a notebook) frees its folder
+        try:
+            self.release()
+        except Exception:  # pragma: no cover - at interpreter exit, os may be gone
+            pass
 
 
 def lock_run_folder(folder: str | Path) -> FileLock:

@@ -10,9 +10,11 @@ import hashlib
 import importlib.util
 import json
 import math
+import os
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -141,7 +143,8 @@ def test_table_files(hand_results):
 FAKE_RECIPE = textwrap.dedent('''
     """A stand-in for recipes/offline_to_online.py: records how it was called, writes what
     the Trainer writes (metrics.jsonl, summary.json). Fails for seed 13; for seed 21 the
-    first attempt stops after a checkpoint (a resume finishes it)."""
+    first attempt stops after a checkpoint (a resume finishes it); seed 34 waits for a file
+    "go" in its run folder (30 s at most)."""
     import argparse, json, os, sys
     from pathlib import Path
     ap = argparse.ArgumentParser()
@@ -156,6 +159,14 @@ FAKE_RECIPE = textwrap.dedent('''
                             "omp": os.environ.get("OMP_NUM_THREADS")}) + "\\n")
     if a.seed == 13:
         sys.exit("boom")
+    if a.seed == 34:  # runs until told to finish (a file "go" in its folder), 30 s at most
+        import time
+        (out / "started").write_text(str(os.getpid()))
+        t0 = time.time()
+        while not (out / "go").exists():
+            if time.time() - t0 > 30:
+                sys.exit("never told to finish")
+            time.sleep(0.05)
     if a.seed == 21 and not a.resume:
         import time
         (out / "checkpoints").mkdir()
@@ -258,6 +269,49 @@ def test_a_job_another_live_runner_holds_is_left_alone(fake_grid):
     assert not stale.out.with_suffix(".lock").exists()  # released when the job ended
     # the runner gone (killed: its lock file stays), the next call runs the job
     assert grid.run_jobs([held], 1, check_configs=False, poll_s=0.05)["ran"] == [held]
+
+
+def test_a_job_stays_held_while_it_runs_after_its_runner_is_killed(fake_grid, tmp_path):
+    """The job's process inherits its lock: a runner killed with SIGKILL leaves the job held
+    until the job ends, so no other runner starts it again or clears its folder."""
+    spec, runs, results = fake_grid
+    [job] = grid.jobs_of(spec, seeds=[34], runs_dir=runs, results_dir=results)
+    runner = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        import importlib.util, sys
+        from pathlib import Path
+        spec = importlib.util.spec_from_file_location("grid", {str(ROOT / "benchmarks" /
+                                                               "grid.py")!r})
+        grid = importlib.util.module_from_spec(spec)
+        sys.modules["grid"] = grid
+        spec.loader.exec_module(grid)
+        grid.ROOT = Path({str(grid.ROOT)!r})
+        [job] = grid.jobs_of(grid.load_spec(Path({str(spec.path)!r})), seeds=[34],
+                             runs_dir=Path({str(runs)!r}), results_dir=Path({str(results)!r}))
+        grid.run_jobs([job], 1, check_configs=False, poll_s=0.05)
+        """)])
+    try:
+        deadline = time.time() + 120
+        while not (job.out / "started").is_file() and time.time() < deadline:
+            time.sleep(0.05)
+        assert (job.out / "started").is_file()
+        runner.kill()  # as kill -9 would
+        runner.wait()
+        outcome = grid.run_jobs([job], 1, check_configs=False, poll_s=0.05)
+        assert outcome["busy"] == [job] and outcome["ran"] == []
+        assert len(_calls(job)) == 1 and not (job.out / "go").exists()  # left alone
+    finally:
+        (job.out / "go").parent.mkdir(parents=True, exist_ok=True)
+        (job.out / "go").write_text("")
+    pid = int((job.out / "started").read_text())
+    deadline = time.time() + 60
+    while time.time() < deadline:  # the job ends; its lock with it
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.05)
+    assert (job.out / "summary.json").is_file()
+    assert grid.run_jobs([job], 1, check_configs=False, poll_s=0.05)["busy"] == []
 
 
 def test_finished_run_gets_its_result_without_rerunning(fake_grid):

@@ -40,9 +40,18 @@ def test_a_held_lock_names_its_holder_and_dies_with_it(tmp_path):
     assert path.is_file()  # left behind by the killed holder, and taken over
     lock = lock_run_folder(tmp_path / "run")
     assert lock.held and path.read_text().split() == [str(os.getpid()), socket.gethostname()]
-    assert FileLock(path).acquire() is not None  # a second claim, even from this process
+    # this process holds it: a second object shares it (a notebook cell run again), and the
+    # file goes with the last release, while another process stays refused throughout
+    second = FileLock(path)
+    assert second.acquire() is None and second.fileno() == lock.fileno()
     lock.release()
-    assert not path.exists() and not lock.held
+    assert path.is_file() and not lock.held and second.held
+    check = subprocess.run([sys.executable, "-c", "import sys; from digirl_lite.paths import "
+                            "FileLock; print(FileLock(sys.argv[1]).acquire())", str(path)],
+                           capture_output=True, text=True).stdout.strip()
+    assert check == f"process {os.getpid()} on host {socket.gethostname()}"
+    second.release()
+    assert not path.exists() and not second.held
     again = FileLock(path)
     assert again.acquire() is None
     again.release()
@@ -60,22 +69,25 @@ def test_a_lock_file_no_process_holds_is_taken_over(tmp_path):
 
 
 def test_a_trainer_refuses_a_folder_another_process_writes(tmp_path):
-    """A resume started while the run's first process still runs stops before it reads a
-    checkpoint or writes anything into the folder."""
+    """A resume started while the run's first process still runs stops before it reaches a
+    phone, reads a checkpoint or writes anything into the folder."""
     from digirl_lite.train.config import sim_quick
     from digirl_lite.train.trainer import Trainer
 
+    cfg = sim_quick(pile_size=4, iterations=1, eval_tasks=2)
     out = tmp_path / "run"
     p = hold(out / "run.lock")
     try:
-        trainer = Trainer(sim_quick(pile_size=4, iterations=1, eval_tasks=2), out,
-                          cache_dir=None, progress=False)
         with pytest.raises(FolderBusyError, match=f"in use by process {p.pid}"):
-            trainer.run(resume=True)
+            Trainer(cfg, out, cache_dir=None, progress=False)
         assert sorted(os.listdir(out)) == ["run.lock"]  # nothing read, nothing written
     finally:
         p.kill()
         p.wait()
+    trainer = Trainer(cfg, out, cache_dir=None, progress=False)  # the holder gone: taken
+    assert (out / "run.lock").read_text().split()[0] == str(os.getpid())
+    trainer.close()  # lets the folder go
+    assert not (out / "run.lock").exists()
 
 
 def test_an_evolution_refuses_a_folder_another_process_writes(tmp_path):

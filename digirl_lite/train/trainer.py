@@ -41,9 +41,10 @@ from digirl_lite.data.records import ScreenTable, Source, Trajectory, screen_id_
 from digirl_lite.data.replay import ReplayBuffer
 from digirl_lite.data.store import TrajectoryStore
 from digirl_lite.envs.base import Observation
-from digirl_lite.errors import ConfigError
+from digirl_lite.errors import ConfigError, FolderBusyError
 from digirl_lite.learners import make_learner
 from digirl_lite.paths import (
+    FileLock,
     atomic_write_text,
     content_key,
     fsync_dir,
@@ -303,20 +304,49 @@ class Trainer:
         self._collect_agent: PolicyBatchAgent | None = None
         self._carried: list[Trajectory] = []  # completed, not yet taken, when it stopped
         self._generation = 0  # collections started by this process
-        # the phones last: devices are reached (emulators started) only once the rest holds
-        self.phones = make_phones(cfg, seed=cfg.seed + 7919 * self.rank)
-        if self.phones.n != cfg.n_envs:
-            print(f"[digirl_lite] {self.phones.n} devices in android "
-                  f"({'devices' if 'devices' in cfg.android else 'emulators'}): the fleet has "
-                  f"{self.phones.n} phones (n_envs={cfg.n_envs} applies to the simulator)",
-                  flush=True)
-        if cfg.tensorboard and self.is_main:
+        # one process writes a run folder: a second (a resume while the first still runs, one
+        # folder given to two runs) is refused here, before it reaches a device or writes
+        self._folder_lock: FileLock | None = None
+        self._lock_folder()
+        try:
+            # the phones last: devices are reached (emulators started) once the rest holds
+            self.phones = make_phones(cfg, seed=cfg.seed + 7919 * self.rank)
+            if self.phones.n != cfg.n_envs:
+                print(f"[digirl_lite] {self.phones.n} devices in android "
+                      f"({'devices' if 'devices' in cfg.android else 'emulators'}): the fleet "
+                      f"has {self.phones.n} phones (n_envs={cfg.n_envs} applies to the "
+                      "simulator)", flush=True)
+            if cfg.tensorboard and self.is_main:
+                try:
+                    from torch.utils.tensorboard import SummaryWriter
+                except ImportError as e:
+                    raise ImportError("tensorboard=True needs the 'tensorboard' extra: "
+                                      "pip install 'digirl-lite[tensorboard]'") from e
+                self._tb = SummaryWriter(str(self.out / "tensorboard"))
+        except BaseException:
+            if hasattr(self, "phones"):
+                self.phones.close()
+            self._release_folder()
+            raise
+
+    def _lock_folder(self) -> None:
+        """Hold ``out/run.lock`` (process 0; every process of a group learns the answer and
+        raises :class:`FolderBusyError` alike, so none goes on to wait for the others)."""
+        busy = None
+        if self.is_main and (self._folder_lock is None or not self._folder_lock.held):
             try:
-                from torch.utils.tensorboard import SummaryWriter
-            except ImportError as e:
-                raise ImportError("tensorboard=True needs the 'tensorboard' extra: "
-                                  "pip install 'digirl-lite[tensorboard]'") from e
-            self._tb = SummaryWriter(str(self.out / "tensorboard"))
+                self._folder_lock = lock_run_folder(self.out)
+            except FolderBusyError as e:
+                busy = str(e)
+        if self.world > 1:
+            busy = dist.broadcast_object(busy)
+        if busy is not None:
+            raise FolderBusyError(busy)
+
+    def _release_folder(self) -> None:
+        if self._folder_lock is not None:
+            self._folder_lock.release()
+            self._folder_lock = None
 
     def _initial_policy(self):
         """The policy before :meth:`build_starting_policy`
@@ -460,14 +490,17 @@ class Trainer:
         """Stop the fleet's workers (threads, processes, Ray actors), the emulators this run
         started, and TensorBoard."""
         self._collecting = False  # close() stops the background collection too
-        for name in ("_fleet", "_eval_fleet"):
-            if getattr(self, name) is not None:
-                getattr(self, name).close()
-                setattr(self, name, None)
-        self.phones.close()
-        if self._tb is not None:
-            self._tb.close()
-            self._tb = None
+        try:
+            for name in ("_fleet", "_eval_fleet"):
+                if getattr(self, name) is not None:
+                    getattr(self, name).close()
+                    setattr(self, name, None)
+            self.phones.close()
+            if self._tb is not None:
+                self._tb.close()
+                self._tb = None
+        finally:  # and lets the run folder go
+            self._release_folder()
 
     def agent(self, screens: ScreenTable | None = None) -> PolicyBatchAgent:
         return PolicyBatchAgent(self.policy, self.features,
@@ -1243,16 +1276,11 @@ class Trainer:
         killed: a phase that had not finished is redone, and what it had stored is read
         back, never stored twice. ``allow_config_change``: resume under a config that
         differs from the run's (refused otherwise)."""
-        # one process writes a run folder: a second (a resume while the first still runs, one
-        # folder given to two runs) is refused before it reads a checkpoint or writes one
-        lock = None
         try:
-            lock = lock_run_folder(self.out) if self.is_main else None
+            self._lock_folder()  # held since __init__, unless an earlier run() let it go
             return self._run(resume, offline, online, allow_config_change)
         finally:  # a stopped or crashed run still ends its workers and emulators
             self.close()
-            if lock is not None:
-                lock.release()
 
     def _done(self, phase: str) -> bool:
         order = (*RUN_PHASES, "online")
