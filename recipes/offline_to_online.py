@@ -69,6 +69,8 @@ def main(argv: list[str] | None = None) -> dict:
         try:  # devices are reached and encoder widths compared here, before any collection
             trainer = Trainer(c, out, cache_dir=cache_dir_of(args),
                               progress=not args.quiet)
+        except FolderBusyError as e:  # another live process writes the folder
+            raise SystemExit(f"not started: {e}") from None
         except ConfigError as e:
             raise SystemExit(f"bad configuration: {e}") from None
         try:

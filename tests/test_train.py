@@ -231,7 +231,8 @@ def test_resume_after_kill_loses_and_repeats_nothing(tmp_path):
     # a resume while the run still runs is refused (the run folder's lock), and says by whom
     early = _run([*args, "--resume"])
     said, _ = early.communicate(timeout=600)
-    assert early.returncode != 0 and "is in use by process" in said, said[-3000:]
+    assert early.returncode != 0 and "not started: " in said, said[-3000:]
+    assert f"is in use by process {p.pid} on host" in said, said[-3000:]
     assert p.poll() is None  # the run goes on
     while time.time() < deadline:
         if metrics.is_file() and '"iteration": 2' in metrics.read_text():
