@@ -7,6 +7,7 @@ from __future__ import annotations
 import functools
 import os
 import threading
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -106,7 +107,7 @@ class FileLock:
     ``subprocess.Popen(pass_fds=...)``, keeps the lock alive while it runs)."""
 
     _mine: dict[str, list[int]] = {}  # path -> [fd, holders]: this process's locks
-    _guard = threading.Lock()
+    _guard = threading.RLock()  # re-entrant: the collector may run __del__ inside acquire
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
@@ -123,8 +124,6 @@ class FileLock:
         return self._fd
 
     def acquire(self) -> str | None:
-        import warnings
-
         try:
             import fcntl
         except ImportError:  # pragma: no cover - Windows
@@ -140,8 +139,6 @@ class FileLock:
             return self._take(fcntl)
 
     def _take(self, fcntl: Any) -> str | None:
-        import warnings
-
         self.path.parent.mkdir(parents=True, exist_ok=True)
         for _ in range(5):
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)

@@ -333,7 +333,7 @@ class Trainer:
         """Hold ``out/run.lock`` (process 0; every process of a group learns the answer and
         raises :class:`FolderBusyError` alike, so none goes on to wait for the others)."""
         busy = None
-        if self.is_main and (self._folder_lock is None or not self._folder_lock.held):
+        if self.is_main and self._folder_lock is None:
             try:
                 self._folder_lock = lock_run_folder(self.out)
             except FolderBusyError as e:
