@@ -98,7 +98,8 @@ RUNNER_FLAGS = {"--out": "the runner sets it", "--seed": "use the spec's seeds",
                                  '"filtered_bc"}'}
 OPTIONAL_STAGE_KEYS = ("invalid_step_rate", "unjudged", "unjudged_step_rate", "day",
                        "success_rate_unjudged_as_failures", "truth", "true_success_rate",
-                       "true_successes", "true_episodes", "judge_agreement")
+                       "true_successes", "true_episodes", "judge_agreement",
+                       "failure_causes", "success_with_recovery", "recoveries")
 """Copied into a result file where the run's summary has them (the truth keys: issue 32)."""
 CURVE_X = ("online_trajectories", "day")
 
@@ -671,6 +672,28 @@ def _curve(out: Path, stages: dict[str, Any]) -> list[dict[str, Any]]:
     return pts
 
 
+def _recovery_curve(out: Path) -> list[dict[str, Any]]:
+    """Issue 47's mechanism per online iteration (the last record of each, a resumed
+    iteration being logged twice): the share of its (truly) successful episodes that took a
+    way back (``success_with_recovery``), their count and the iteration's success rate."""
+    rows: dict[int, dict[str, Any]] = {}
+    path = out / "metrics.jsonl"
+    for line in path.read_text().splitlines() if path.is_file() else []:
+        try:
+            r = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if r.get("stage") == "online" and "true_successes" in r:
+            rows[int(r["iteration"])] = {
+                "iteration": int(r["iteration"]),
+                "online_trajectories": int(r.get("online_trajectories", 0)),
+                "collect_success": r.get("collect_success"),
+                "success_with_recovery": r.get("success_with_recovery"),
+                "successes_with_recovery": r.get("successes_with_recovery"),
+                "true_successes": r.get("true_successes")}
+    return [rows[k] for k in sorted(rows)]
+
+
 def _time_split(out: Path) -> dict[str, float]:
     """Mean seconds per online iteration, by part (the Trainer's ``time_split``)."""
     path = out / "metrics.jsonl"
@@ -734,6 +757,7 @@ def result_record(job: Job, attempts: list[dict[str, Any]] | None = None) -> dic
         "grid": job.arm.grid, "arm": job.arm.name, "seed": job.seed,
         "stages": stages,
         "curve": _curve(job.out, summary.get("stages", {})),
+        "recovery_curve": _recovery_curve(job.out),
         **provenance(read_attempts(job) if attempts is None else attempts,
                      summary.get("wall_s")),
         "pile_cached": _pile_cached(job.out),
@@ -956,6 +980,21 @@ def _finish(job: Job, commit: bool, stages: tuple[str, ...],
 
 
 # -- the table --------------------------------------------------------------------------------
+FINAL = "final"
+"""A stage every run has: its last of "online" and "offline" (an offline-only run ends at
+"offline"), so an offline-only arm pairs with an offline-then-online one at the end of each
+(issue 47: the paper's comparison at equal attempts)."""
+
+
+def with_final_stage(record: dict[str, Any]) -> dict[str, Any]:
+    """``record`` with the :data:`FINAL` stage (a copy of its last stage), where it has one."""
+    st = record.get("stages") or {}
+    last = next((st[k] for k in ("online", "offline") if k in st), None)
+    if last is not None and FINAL not in st:
+        st[FINAL] = last
+    return record
+
+
 def load_results(results_dir: Path, spec: GridSpec) -> dict[str, list[dict[str, Any]]]:
     """The result files of each of the spec's arms (from its own grid's folder), by seed;
     an arm with none is left out. An arm borrowed with ``from_grid`` brings the spec's
@@ -966,6 +1005,7 @@ def load_results(results_dir: Path, spec: GridSpec) -> dict[str, list[dict[str, 
         for p in sorted((results_dir / arm.grid).glob(f"{arm.name}-seed*.json")):
             if re.fullmatch(re.escape(arm.name) + r"-seed-?\d+\.json", p.name):
                 rec = json.loads(p.read_text())
+                with_final_stage(rec)
                 if arm.grid == spec.name or rec["seed"] in spec.seeds:
                     recs.append(rec)
         if recs:

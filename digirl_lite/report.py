@@ -184,7 +184,8 @@ def build_report(run_dir: str | os.PathLike[str], out: str | os.PathLike[str] | 
     fig = plot_learning_curves([run])
     fig.savefig(out / "learning_curve.png", dpi=90)
     parts.append('<img src="learning_curve.png" alt="learning curve">')
-    if any(run.series(k)[0] for k in ("kept_steps", "step_critic_loss")):
+    if any(run.series(k)[0] for k in ("kept_steps", "step_critic_loss",
+                                      "success_with_recovery")):
         fig = plot_training_metrics([run])
         fig.savefig(out / "training_metrics.png", dpi=80)
         parts.append('<img src="training_metrics.png" alt="training metrics">')

@@ -43,6 +43,10 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"{100 * report['success_rate']:.1f}% held-out success "
           f"(95% CI {100 * report['ci95'][0]:.1f}-{100 * report['ci95'][1]:.1f}), "
           f"mean length {report['mean_length']:.1f}, failures {report['failure_kinds']}")
+    if report.get("failure_causes"):  # the environment's ground truth (the simulator)
+        print(f"  why the failures failed: {report['failure_causes']}; successes that took a "
+              f"way back: {report['successes_with_recovery']}/{report['true_successes']} "
+              f"(recoveries {report['recoveries']})")
     for name, rep in report.get("splits", {}).items():
         print(f"  {name}: {stage_rates(rep)} on its first {rep['episodes']} tasks")
     return report

@@ -5,7 +5,10 @@ instructions at three levels per product (go to a site; and search for the produ
 the first entry), General questions answered by searching Google plus opening the phone's apps.
 The vocabulary is made here, not copied from AitW. Train and test share no product and no
 search topic (a city, a country, a shop, ...); open-app tasks may repeat across the split, the
-phone has only a few apps.
+phone has only a few apps. Beside the test lists, held-out splits: Web Shopping's unseen
+products and phrasings (and a final phrasing split), General's unseen names (searches naming
+only :data:`UNSEEN_NAMES`) and unseen phrasings (the test list in
+:data:`~digirl_lite.envs.sim.phrasings.GENERAL_HELD_OUT_PHRASINGS`).
 
     .venv/bin/python recipes/make_task_sets.py --seed 0      # -> digirl_lite/assets/tasks
 """
@@ -17,7 +20,13 @@ import random
 from pathlib import Path
 
 from digirl_lite.envs.sim.catalog import APPS, HELD_OUT_SITES, SITES, TRAIN_SITES
-from digirl_lite.envs.sim.phrasings import FINAL_PHRASINGS, HELD_OUT_PHRASINGS, rephrase
+from digirl_lite.envs.sim.phrasings import (
+    FINAL_PHRASINGS,
+    GENERAL_HELD_OUT_PHRASINGS,
+    HELD_OUT_PHRASINGS,
+    rephrase,
+    rephrase_general,
+)
 from digirl_lite.envs.sim.tasks import parse_task
 from digirl_lite.paths import data_dir
 
@@ -274,6 +283,38 @@ SEARCH_TEMPLATES: list[tuple[str, str]] = [
 
 OPEN_TEMPLATES = ["Open the {}", "Open {}", "Open the {} app", "Launch {}", "Launch the {} app"]
 
+# The held-out split general_unseen_names (issue 47, item 1): for every slot of TOPICS, names
+# no train or test task has. Each name's words (its article aside) are in neither list, and at
+# least one of them (here: every one) is a word the starting policy's demonstrations and copy
+# drills cannot write (rollout/pile.py's _vary_query puts a word of a train query or a made-up
+# one, four to eight letters or a model number, in a name's place): nine letters or more, or
+# an apostrophe or hyphen (tests/test_generalization_splits.py checks both).
+UNSEEN_NAMES: dict[str, list[str]] = {
+    "city": [
+        "Johannesburg", "Philadelphia", "Albuquerque", "Indianapolis", "Guadalajara",
+        "Casablanca", "Kathmandu", "Reykjavik", "Barcelona", "Frankfurt", "Marseille",
+        "Ljubljana", "Montevideo", "Hyderabad", "Bangalore", "Hiroshima",
+    ],
+    "country": [
+        "Madagascar", "Mozambique", "Bangladesh", "Uzbekistan", "Azerbaijan", "Luxembourg",
+        "Guatemala", "Nicaragua", "Montenegro", "Lithuania",
+    ],
+    "restaurant": ["McDonald's", "Whataburger", "Bojangles", "Hardee's", "Zaxby's"],
+    "store": ["Lowe's", "Nordstrom", "Bloomingdale's", "Albertsons", "Marshalls",
+              "Sherwin-Williams"],
+    "item": ["skateboard", "telescope", "harmonica", "typewriter", "wheelbarrow", "trampoline",
+             "microscope"],
+    "cuisine": ["Caribbean", "Taiwanese", "Cambodian", "Senegalese", "Scandinavian",
+                "Mediterranean", "Polynesian", "Cantonese"],
+    "field": ["astrophysics", "biochemistry", "epidemiology", "meteorology", "seismology",
+              "cryptography", "linguistics"],
+    "thing": ["Kilimanjaro", "Stonehenge", "the Colosseum", "the Serengeti", "Yellowstone",
+              "Andromeda", "the Himalayas", "Greenland"],
+    "device": ["Chromecast", "Chromebook", "Thermomix", "Tamagotchi", "Stairmaster",
+               "Hoverboard"],
+}
+UNSEEN_NAMES_SIZE = (40, 8)  # (search lines, open-app lines): the test list's mix, 5 to 1
+
 
 def _split(items: list, n_test: int, rng: random.Random) -> tuple[list, list]:
     items = sorted(items)
@@ -404,6 +445,36 @@ def final_phrasings_lines(test_lines: list[str], seed: int) -> list[str]:
     return [rephrase(line, FINAL_PHRASINGS, rng) for line in test_lines]
 
 
+def general_unseen_names_lines(test_lines: list[str], seed: int) -> list[str]:
+    """The held-out split ``general_unseen_names``: searches in the test list's templates
+    (:data:`SEARCH_TEMPLATES`) naming only :data:`UNSEEN_NAMES`, and app opens in its open
+    templates (the phone has few apps: these may open an app the test list opens, never with a
+    line of it), shuffled; the test list's mix of the two."""
+    rng = random.Random(seed + 47)
+    n_search, n_open = UNSEEN_NAMES_SIZE
+    searches = _search_lines(UNSEEN_NAMES, n_search, rng)
+    names, taken = _app_names(), set(test_lines)
+    opens: list[str] = []
+    while len(opens) < n_open:
+        key = rng.choice(sorted(names))
+        line = rng.choice(OPEN_TEMPLATES).format(rng.choice(names[key]))
+        if line not in taken:
+            taken.add(line)
+            opens.append(line)
+    lines = searches + opens
+    rng.shuffle(lines)
+    return lines
+
+
+def general_unseen_phrasings_lines(test_lines: list[str], seed: int) -> list[str]:
+    """The held-out split ``general_unseen_phrasings``: line i is line i of the General test
+    list (the same app; a search with the same content words and names) written with
+    :data:`GENERAL_HELD_OUT_PHRASINGS`, so its gap to the test list, task by task, is the
+    phrasing's alone."""
+    rng = random.Random(seed + 48)
+    return [rephrase_general(line, GENERAL_HELD_OUT_PHRASINGS, rng) for line in test_lines]
+
+
 def build_task_sets(seed: int = 0) -> dict[str, list[str]]:
     """File name -> lines, deterministic from ``seed``; every line is checked to parse."""
     rng = random.Random(seed)
@@ -423,6 +494,9 @@ def build_task_sets(seed: int = 0) -> dict[str, list[str]]:
         lines = _search_lines(topics, n_search, rng) + _open_lines(n_open, rng)
         rng.shuffle(lines)
         sets[name] = lines
+    sets["general_unseen_names.txt"] = general_unseen_names_lines(sets["general_test.txt"], seed)
+    sets["general_unseen_phrasings.txt"] = general_unseen_phrasings_lines(
+        sets["general_test.txt"], seed)
     for name, lines in sets.items():
         for line in lines:
             parse_task(line)  # raises on a line the simulator would not accept

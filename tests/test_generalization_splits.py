@@ -1,4 +1,5 @@
-"""Held-out generalization splits beside the test list (issue 32 item 5): the config's
+"""Held-out generalization splits beside the test list (issue 32 item 5; General's, issue 47
+item 1, at the end): the config's
 ``eval_splits`` (names, paths, validation before anything runs, resume of runs saved before
 the field), a tiny run that evaluates them at the stage ends only, and the tables that report
 them (the recipes' printed table, the grid's table.md and table.json, the HTML report's)."""
@@ -7,12 +8,16 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import sys
+from collections import Counter
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from digirl_lite.envs.setup import split_name, split_path, split_task_list
+from digirl_lite.envs.sim.tasks import load_task_file, parse_task
 from digirl_lite.errors import ConfigError
 from digirl_lite.paths import data_dir
 from digirl_lite.train.config import DigiRLConfig, effective_fields, sim_quick, sim_webshop
@@ -62,10 +67,12 @@ def test_split_names_paths_and_presets(tmp_path):
     path = _split_file(tmp_path)
     assert split_path(cfg, str(path)) == path and split_name(cfg, str(path)) == "mysplit"
     assert split_task_list(cfg, str(path))[0].text == TEST_LINES[30]
-    # the main job evaluates Web Shopping's two splits; General, a test list of one's own
-    # and the quick preset none
+    # the main job evaluates each world's two splits (General's since issue 47); a test list
+    # of one's own and the quick preset none
     assert sim_webshop().eval_splits == ("unseen_products", "unseen_phrasings")
-    assert sim_webshop(world="general").eval_splits == ()
+    assert sim_webshop(world="general").eval_splits == ("unseen_names", "unseen_phrasings")
+    assert all(split_path(sim_webshop(world="general"), s).is_file()
+               for s in sim_webshop(world="general").eval_splits)
     assert sim_webshop(test_task_file=str(path)).eval_splits == ()
     assert sim_quick().eval_splits == () and DigiRLConfig().eval_splits == ()
     # JSON round trip: a list back to a tuple
@@ -265,3 +272,146 @@ def test_the_html_reports_summary_has_a_row_per_split():
     assert [r["stage"] for r in rows] == ["copier", "copier: unseen_products"]
     html = _summary_table(rows)
     assert "<td>copier: unseen_products</td><td>0</td><td>0.500</td><td>0.400" in html
+
+
+# -- General's held-out splits (issue 47, item 1) ---------------------------------------------
+GENERAL = {f: load_task_file(data_dir() / "tasks" / f"general_{f}.txt")
+           for f in ("train", "test", "unseen_names", "unseen_phrasings")}
+_ARTICLES = {"the", "a", "an"}
+_HELD_OPENERS = ("start", "look up", "tell me", "show me", "can you", "do you know", "which")
+
+
+def _recipe():
+    spec = importlib.util.spec_from_file_location("make_task_sets",
+                                                  ROOT / "recipes" / "make_task_sets.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _words(text: str) -> set[str]:
+    return {w.strip("?.,!").lower() for w in text.split()} - {""}
+
+
+def _template_re(template: str) -> re.Pattern[str]:
+    parts = [re.escape(p) for p in re.split(r"\{a?\}", template)]
+    return re.compile("^" + "(.+)".join(parts) + "$", re.I)
+
+
+def test_the_general_splits_parse_in_the_test_lists_mix_and_resolve_by_name():
+    names, phrased = GENERAL["unseen_names"], GENERAL["unseen_phrasings"]
+    assert len(names) == 48 and len(phrased) == len(GENERAL["test"]) == 120
+    for split in (names, phrased):
+        kinds = Counter(parse_task(line).kind for line in split)
+        assert set(kinds) == {"search", "open_app"}
+        assert len(set(split)) == len(split) and not set(split) & set(GENERAL["test"])
+    assert Counter(parse_task(line).kind for line in names) == {"search": 40, "open_app": 8}
+    cfg = sim_webshop(world="general")
+    for split in ("unseen_names", "unseen_phrasings"):
+        assert [t.text for t in split_task_list(cfg, split)] == GENERAL[split]
+
+
+def test_unseen_names_are_in_no_list_and_no_demonstration_or_drill_writes_them():
+    from itertools import islice
+
+    from digirl_lite.rollout.pile import _made_up, _searches, copy_drills, vary_queries
+
+    recipe = _recipe()
+    unseen = [n for pool in recipe.UNSEEN_NAMES.values() for n in pool]
+    assert set(recipe.UNSEEN_NAMES) == set(recipe.TOPICS)  # a name for every slot
+    listed = _words("\n".join(GENERAL["train"] + GENERAL["test"]))
+    # the pools the starting policy's demonstrations (vary_queries) and copy drills draw a
+    # name's replacement from: a word of a train query, or a made-up one of these shapes
+    _, pool_words, pool_names = _searches(GENERAL["train"])
+    pool = {w.lower() for w in pool_words + pool_names}
+    made_up = re.compile(r"[a-z]{4,8}|[a-z]{1,3}-\d{1,4}|[a-z]{1,2}\d{1,3}", re.I)
+    rng = np.random.default_rng(0)
+    assert all(made_up.fullmatch(_made_up(rng)) for _ in range(5000))
+    for name in unseen:
+        words = _words(name) - _ARTICLES
+        assert not words & listed, name  # no train or test line has a word of it
+        assert not words & pool, name
+        # some word of it no replacement can write, so no varied query names it
+        assert any(not made_up.fullmatch(w) for w in words), name
+    # and, drawn: the demonstrations' tasks and the copy drills name none
+    varied = vary_queries(GENERAL["train"], 3000, seed=0)
+    drills = [q for _, q in islice(copy_drills(seed=0, world="general"), 3000)]
+    for text in varied + drills:
+        assert not _words(text) & {w.lower() for n in unseen for w in n.split()} - _ARTICLES
+    # every search of the split is a test-list template holding unseen names only
+    templates = [_template_re(t) for _, t in recipe.SEARCH_TEMPLATES]
+    for line in GENERAL["unseen_names"]:
+        task = parse_task(line)
+        if task.kind == "open_app":
+            assert any(_template_re(t).match(line) for t in recipe.OPEN_TEMPLATES), line
+            continue
+        m = [m for r in templates if (m := r.match(line))]
+        assert len(m) == 1, line
+        assert all(g in unseen for g in m[0].groups()), line
+
+
+def test_unseen_phrasings_line_i_is_test_line_i_in_held_out_templates():
+    from digirl_lite.envs.sim.phrasings import general_content_words
+
+    test, split = GENERAL["test"], GENERAL["unseen_phrasings"]
+    for a, b in zip(test, split):
+        ta, tb = parse_task(a), parse_task(b)
+        assert (ta.kind, ta.app) == (tb.kind, tb.app), (a, b)
+        if ta.kind == "search":
+            assert general_content_words(ta.query) == general_content_words(tb.query), (a, b)
+            names = [w for w in a.rstrip("?").split()[1:] if w[:1].isupper() and w != "I"]
+            assert all(n in b for n in names), (a, b)  # the names as written
+        assert b.lower().startswith(_HELD_OPENERS), b
+    assert sum(b[:1].islower() for b in split) > 0.4 * len(split)
+
+
+def test_no_held_out_general_template_is_in_the_train_list():
+    from digirl_lite.envs.sim.phrasings import GENERAL_HELD_OUT_PHRASINGS as held
+    from digirl_lite.envs.sim.phrasings import general_content_words
+
+    recipe = _recipe()
+    train_templates = {t for _, t in recipe.SEARCH_TEMPLATES} | set(recipe.OPEN_TEMPLATES)
+    assert set(held.search) == {t for _, t in recipe.SEARCH_TEMPLATES}  # each one rephrased
+    templates = [*held.open, *(t for ts in held.search.values() for t in ts)]
+    assert not {t.lower() for t in templates} & {t.lower() for t in train_templates}
+    assert all(t.lower().startswith(_HELD_OPENERS) for t in templates)
+    for line in GENERAL["train"]:
+        assert not line.lower().startswith(_HELD_OPENERS), line
+        assert not any(_template_re(t).match(line) for t in templates), line
+    # each template on its own reads back: the app, or the train template's content words
+    for t in held.open:
+        assert parse_task(t.format(a="google maps")).app == "maps", t
+    for key, ts in held.search.items():
+        names = ["Lyon", "Porto"][:key.count("{}")]
+        want = general_content_words(parse_task(key.format(*names)).query)
+        for t in ts:
+            for text in (t.format(*names), t[:1].upper() + t[1:].format(*names)):
+                task = parse_task(text)
+                assert task.kind == "search" and general_content_words(task.query) == want, t
+
+
+def test_the_general_split_files_are_what_build_task_sets_makes():
+    sets = _recipe().build_task_sets(0)
+    for split in ("unseen_names", "unseen_phrasings"):
+        assert sets[f"general_{split}.txt"] == GENERAL[split]
+
+
+def test_the_expert_solves_the_general_split_tasks():
+    """Without surprises (with them, it misses the same seeds on the test list as here)."""
+    from digirl_lite.envs.sim import SimPhoneEnv
+    from digirl_lite.envs.sim.agents import ScriptedExpert
+    from digirl_lite.envs.sim.world import Surprises
+
+    for split in ("unseen_names", "unseen_phrasings"):
+        env = SimPhoneEnv(str(data_dir() / "tasks" / f"general_{split}.txt"), seed=0,
+                          surprises=Surprises().scaled(0.0))
+        wins = 0
+        for i, task in enumerate(env.tasks[:24]):
+            agent = ScriptedExpert()
+            obs, _ = env.reset(seed=i, task=task)
+            while True:
+                obs, reward, term, trunc, _ = env.step(agent.act(obs))
+                if term or trunc:
+                    break
+            wins += reward > 0
+        assert wins == 24, split

@@ -761,3 +761,17 @@ def test_table_warns_when_paired_runs_ran_with_other_thread_counts(tmp_path, cap
     assert "**Warning: 2 of these pairs compare runs with different thread counts**" in md
     t = json.loads((res / "g" / "table.json").read_text())
     assert [(m["arm"], m["seed"]) for m in t["mixed_threads"]] == [("b", 0), ("b", 2)]
+
+
+def test_grid_final_stage_is_each_runs_last():
+    """The grid's 'final' stage: online for an offline-then-online run, offline for an
+    offline-only one (so the two pair at the end of each)."""
+    on = grid.with_final_stage({"stages": {"copier": {"x": 0}, "offline": {"x": 1},
+                                           "online": {"x": 2}}})
+    off = grid.with_final_stage({"stages": {"copier": {"x": 0}, "offline": {"x": 1}}})
+    assert on["stages"]["final"] == {"x": 2} and off["stages"]["final"] == {"x": 1}
+    assert "final" not in grid.with_final_stage({"stages": {"copier": {"x": 0}}})["stages"]
+    for world in ("webshop", "general"):
+        g = grid.load_spec(f"paper_{world}")
+        assert {a.name for a in g.arms} == {"digirl", "digirl_offline_only", "filtered_bc",
+                                            "filtered_bc_offline_only"}

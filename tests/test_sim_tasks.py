@@ -389,7 +389,9 @@ SIZES = {"webshop_train.txt": 438, "webshop_test.txt": 180,
          "general_train.txt": 300, "general_test.txt": 120,
          # the held-out splits (issue 32, item 5; tests/test_phrasings.py)
          "webshop_unseen_products.txt": 144, "webshop_unseen_phrasings.txt": 180,
-         "webshop_final_phrasings.txt": 180}
+         "webshop_final_phrasings.txt": 180,
+         # General's (issue 47, item 1; tests/test_generalization_splits.py)
+         "general_unseen_names.txt": 48, "general_unseen_phrasings.txt": 120}
 
 
 @pytest.mark.parametrize("name", sorted(n for n in SIZES if "unseen" not in n

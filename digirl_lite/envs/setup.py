@@ -304,6 +304,8 @@ def make_phones(cfg: Any, seed: int, probe: bool = True) -> Phones:
             kw["faults"] = dict(cfg.sim_faults)
         if cfg.ui_tree:
             kw["ui_tree"] = True
+        if cfg.sim_layout != "older":
+            kw["layout"] = cfg.sim_layout
         make = SimEnvFactory(judge=cfg.judge, seed=seed, tasks=cfg.task_file or cfg.world, **kw)
         return Phones(make, cfg.n_envs, train, test, "sim", splits=splits)
     plan = android_plan(cfg.android)

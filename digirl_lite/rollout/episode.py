@@ -76,7 +76,10 @@ class EpisodeRecorder:
     The environment's own truth at the last step (``info["true_success"]``) becomes
     :attr:`Trajectory.true_success` (None for an infrastructure truncation: the episode did
     not end on the agent's account), and ``info["reached_first_milestone"]`` at the last
-    step :attr:`reached_first_milestone` (None where the environment cannot tell).
+    step :attr:`reached_first_milestone` (None where the environment cannot tell); the
+    simulator's ground truth of the ways back each step took (``info["recovered"]``) is
+    gathered in :attr:`recoveries` and its ``info["failure_cause"]`` at the last step kept as
+    :attr:`failure_cause` (None where the environment has none), for the reports.
     """
 
     def __init__(self, screens: ScreenTable, traj_id: str, obs: Observation, *,
@@ -95,6 +98,8 @@ class EpisodeRecorder:
         self.trajectory: Trajectory | None = None
         self.states: list[Any] = [obs.state]  # ground truth where the env has it (sim)
         self.reached_first_milestone: bool | None = None
+        self.recoveries: list[str] | None = None  # None: the environment cannot tell
+        self.failure_cause: str | None = None
         self._true_success: bool | None = None
 
     def record(self, action_text: str, nobs: Observation, reward: float, terminated: bool,
@@ -119,12 +124,15 @@ class EpisodeRecorder:
         ))
         self.obs, self.sid = nobs, nsid
         self.states.append(nobs.state)
+        if "recovered" in info:
+            self.recoveries = [*(self.recoveries or ()), *info["recovered"]]
         if not (terminated or truncated):
             return False
         truth = info.get("true_success")
         self._true_success = None if truth is None else bool(truth)
         reached = info.get("reached_first_milestone")
         self.reached_first_milestone = None if reached is None else bool(reached)
+        self.failure_cause = info.get("failure_cause")
         reason = None
         if terminated:
             ending = Ending.SUCCESS if reward > 0 else Ending.AGENT_STOP

@@ -73,6 +73,12 @@ class Episode:
     states: list[Any]
     task: Any
     reached_first_milestone: bool | None = None
+    recoveries: tuple[str, ...] | None = None
+    """The ways back the episode took (a pop-up closed, voice input left, a BACK from a
+    wrong page), where the environment reports them (the simulator); None elsewhere."""
+    failure_cause: str | None = None
+    """Why it failed, where the environment can tell (the simulator's
+    :data:`~digirl_lite.envs.sim.world.FAILURE_CAUSES`); None for a success or elsewhere."""
 
 
 @dataclass
@@ -326,7 +332,9 @@ class _Recording:
         if not rec.record(text, nobs, reward, term, trunc, info, policy_s, version):
             return None
         del self.active[slot]
-        return k, Episode(rec.trajectory, rec.states, task, rec.reached_first_milestone)
+        return k, Episode(rec.trajectory, rec.states, task, rec.reached_first_milestone,
+                          None if rec.recoveries is None else tuple(rec.recoveries),
+                          rec.failure_cause)
 
     def abort(self, slot: int, reason: str) -> tuple[int, Episode]:
         k, task, rec = self.active.pop(slot)

@@ -197,9 +197,9 @@ def copy_drills(seed: int = 0, real_share: float = 0.35,
 
 def _run(
     kind: str, world: str, n: int, seed: int, make_agent, surprises: Surprises | None,
-    day: int, source: Source, tasks: list[str] | None = None,
+    day: int, source: Source, tasks: list[str] | None = None, layout: str = "older",
 ) -> tuple[list[Trajectory], ScreenTable, PileStats]:
-    env = SimPhoneEnv(tasks or world, seed=seed, day=day, surprises=surprises)
+    env = SimPhoneEnv(tasks or world, seed=seed, day=day, surprises=surprises, layout=layout)
     rng = np.random.default_rng(seed)
     task_idx = rng.integers(0, len(env.tasks), size=n)
     screens = ScreenTable()
@@ -247,7 +247,8 @@ def generate_pile(
 def generate_demos(
     world: str = "webshop", n: int = 400, seed: int = 0, day: int = 1,
     surprise_rate: float = 0.0, varied_products: bool = False, slip_rate: float = 0.0,
-    phrasing_share: float = 0.0, phrasings: str = "base",
+    phrasing_share: float = 0.0, phrasings: str = "base", surprises: Surprises | None = None,
+    layout: str = "older",
 ) -> tuple[list[Trajectory], ScreenTable, PileStats]:
     """The expert's demonstrations on ``world``'s train tasks: clean (no surprises) by
     default; ``surprise_rate`` scales the default surprise probabilities (0.1: a tenth of
@@ -259,7 +260,9 @@ def generate_demos(
     detours, as people's do. ``phrasing_share``: that share of the Web Shopping tasks
     written with the train phrasings (:func:`~digirl_lite.envs.sim.phrasings.
     rephrase_tasks`: "Search costco.com for ...", "look for ... at ebay.com and click the
-    first result"; ``phrasings`` names the set), as people phrase requests many ways."""
+    first result"; ``phrasings`` names the set), as people phrase requests many ways.
+    ``surprises``: the rates ``surprise_rate`` scales (None: :class:`Surprises`' defaults);
+    ``layout``: the phone's dialogs (:data:`~digirl_lite.envs.sim.world.LAYOUTS`)."""
     tasks = None
     if varied_products or phrasing_share:
         from digirl_lite.envs.sim.tasks import load_task_file
@@ -277,5 +280,6 @@ def generate_demos(
             return SlippingExpert(slip_rate, seed=_episode_seed(seed + 11, i))
         return ScriptedExpert()
 
-    return _run("demo", world, n, seed, demonstrator, Surprises().scaled(surprise_rate), day,
-                Source.OFFLINE, tasks)
+    return _run("demo", world, n, seed, demonstrator,
+                (surprises or Surprises()).scaled(surprise_rate), day, Source.OFFLINE, tasks,
+                layout)

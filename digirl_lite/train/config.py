@@ -27,6 +27,8 @@ POLICY_LOSS_NORM = {"ppo": "token", "grpo": "trajectory"}
 """PPO's and GRPO's ``policy_loss_norm`` where it is None (issue 28; see the field)."""
 OFFLINE_IMITATION = {"ppo": True, "grpo": True}
 """PPO's and GRPO's ``offline_imitation`` where it is None (issue 28; see the field)."""
+SFT_PHONES = ("older", "live")
+"""The phones the simulator's demonstrations may be recorded on (``sft_phone``)."""
 ASYNC_FLEETS = ("async", "ray")  # the fleets with start / take (rollout.async_fleet)
 _PPO = ("ppo_clip_eps", "ppo_epochs", "ppo_minibatch", "kl_coef", "kl_reference",
         "offline_policy_passes", "offline_imitation",
@@ -306,6 +308,14 @@ class DigiRLConfig:
     seen recovery (closing a pop-up, BACK from voice input) in a few percent of its steps
     and samples it sometimes, as AutoUI had seen some in AitW; with none, online practice
     has almost nothing to find. Evaluation and practice use the full rates."""
+    sft_phone: str = "older"
+    """The phone the starting policy's demonstrations are recorded on (issue 47), one of
+    :data:`SFT_PHONES`. "older" (AitW's recordings were made on a web older and cleaner
+    than the live one DigiRL practises on): the layout of drift day 1, the default surprise
+    mix at ``sft_surprise_rate`` of its rates, and nothing the live world adds on top
+    (``sim_surprises``: sponsored rows are a current layout the recordings never saw).
+    "live": the live phone itself (its day, ``sim_surprises`` included), its rates scaled by
+    ``sft_surprise_rate``."""
     sft_slip_rate: float = 0.0
     """Slips in the demonstrations (issue 16, item 6): the demonstrator slips at this rate
     per step (a wrong tap, a stray tap on the microphone) and recovers, as people do in
@@ -613,6 +623,14 @@ class DigiRLConfig:
     ``{"sponsored": 0.3}``: sponsored rows above shop results, the detours issue 16's item 6
     adds to the world (off by default). Simulator only."""
 
+    sim_layout: str = "older"
+    """The live simulated phone's dialogs, one of
+    :data:`digirl_lite.envs.sim.world.LAYOUTS` (pile, online phase and evaluations; the
+    demonstrations are recorded on the "older" one, ``sft_phone``): "older", the layout the
+    demonstrations saw; "current", today's (issue 47: a pop-up's close button, voice input's
+    cancel and the cookie banner elsewhere, as the live web had changed since AitW's
+    recordings). Simulator only."""
+
     sim_faults: dict[str, float] = field(default_factory=dict)
     """The simulated phone's infrastructure faults (:class:`digirl_lite.envs.sim.env.Faults`,
     all off by default) by name, for every phone of the run, e.g.
@@ -777,6 +795,12 @@ class DigiRLConfig:
         if self.phrasing_share and self.env != "sim":
             raise ConfigError("phrasing_share: rephrasing train tasks is the simulated "
                               f"phone's (env='sim'), not env={self.env!r}'s")
+        if self.sft_phone not in SFT_PHONES:
+            raise ConfigError(f"sft_phone must be one of {', '.join(SFT_PHONES)}, got "
+                              f"{self.sft_phone!r}")
+        if self.sft_phone != "older" and self.env != "sim":
+            raise ConfigError(f"sft_phone: the simulated phone's demonstrations (env='sim'), "
+                              f"not env={self.env!r}'s")
         if not 0 <= self.sft_slip_rate <= 1:
             raise ValueError(f"sft_slip_rate must be a probability in [0, 1], got "
                              f"{self.sft_slip_rate}")
@@ -795,6 +819,14 @@ class DigiRLConfig:
                                       f"has {', '.join(names)})")
                 if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= 1:
                     raise ConfigError(f"sim_surprises.{k}: a probability in [0, 1], got {v!r}")
+        from digirl_lite.envs.sim.world import LAYOUTS
+
+        if self.sim_layout not in LAYOUTS:
+            raise ConfigError(f"sim_layout must be one of {', '.join(LAYOUTS)}, got "
+                              f"{self.sim_layout!r}")
+        if self.sim_layout != "older" and self.env != "sim":
+            raise ConfigError(f"sim_layout: the simulated phone's (env='sim'), not "
+                              f"env={self.env!r}'s")
         if self.sim_faults:
             if self.env != "sim":
                 raise ConfigError(f"sim_faults: the simulated phone's (env='sim'), not "
@@ -1136,6 +1168,12 @@ def with_algorithm(cfg: DigiRLConfig, algorithm: str) -> DigiRLConfig:
     return DigiRLConfig.from_dict({**d, **{k: defaults[k] for k in UNREAD[algorithm]}})
 
 
+SHIPPED_SPLITS = {"webshop": ("unseen_products", "unseen_phrasings"),
+                  "general": ("unseen_names", "unseen_phrasings")}
+"""Each world's held-out split files (``tasks/<world>_<split>.txt``), evaluated by the
+simulator preset (:func:`sim_webshop`)."""
+
+
 def sim_webshop(**overrides: Any) -> DigiRLConfig:
     """The default simulated Web Shopping run (the main job).
 
@@ -1158,14 +1196,14 @@ def sim_webshop(**overrides: Any) -> DigiRLConfig:
     faster actor update and sampling paid for these evaluations).
     With the same reasoning the step critic's hidden layers are 256 wide (paper: 768 on
     RoBERTa), the width these results were measured with.
-    ``eval_splits``: on Web Shopping with its shipped test list, the held-out splits
-    "unseen_products" and "unseen_phrasings" beside it at each stage end (issue 32 item 5;
-    General has no split files yet, and a test list of one's own has no splits).
+    ``eval_splits``: with the world's shipped test list, its held-out splits beside it at
+    each stage end (:data:`SHIPPED_SPLITS`; issue 32 item 5, General's since issue 47; a
+    test list of one's own has no splits).
     """
     base: dict[str, Any] = {"starting_policy": "shipped", "critic_lr": 1e-3,
                             "critic_hidden": 256, "eval_every": 5}
-    if overrides.get("world", "webshop") == "webshop" and not overrides.get("test_task_file"):
-        base["eval_splits"] = ("unseen_products", "unseen_phrasings")
+    if not overrides.get("test_task_file"):
+        base["eval_splits"] = SHIPPED_SPLITS.get(overrides.get("world", "webshop"), ())
     return DigiRLConfig(**{**base, **overrides})
 
 

@@ -15,7 +15,7 @@ from digirl_lite.rollout.fleet import BatchAgent, Episode
 
 __all__ = ["FAILURE_KINDS", "INVALID_SHARE", "MIN_JUDGED_SHARE", "failure_kind",
            "invalid_steps", "evaluate", "summarize", "ground_truth", "stage_rates",
-           "split_rate", "truth_or_judged"]
+           "split_rate", "truth_or_judged", "recovery_stats", "failure_causes"]
 
 FAILURE_KINDS = ("never_reached_site", "wrong_page_at_end", "ran_out_of_steps",
                  "infrastructure", "unjudged", "invalid_actions")
@@ -133,6 +133,32 @@ def split_rate(report: dict[str, Any]) -> str:
     return f"{100 * truth_or_judged(report):.1f}%{judge}"
 
 
+def recovery_stats(episodes: Sequence[Episode]) -> dict[str, Any]:
+    """Issue 47's mechanism, from the environment's ground truth (``Episode.recoveries``):
+    ``success_with_recovery``, the share of the (truly) successful episodes that took a
+    way back (a pop-up closed, voice input left, a BACK from a wrong page), their count and
+    ``recoveries`` by kind over all episodes. Empty where the environment reports none (a
+    real device)."""
+    told = [e for e in episodes if e.recoveries is not None
+            and not e.trajectory.is_infra_truncated]
+    if not told:
+        return {}
+    wins = [e for e in told if (e.trajectory.true_success if e.trajectory.true_success
+                                is not None else e.trajectory.is_success)]
+    back = sum(1 for e in wins if e.recoveries)
+    return {"success_with_recovery": round(back / len(wins), 4) if wins else None,
+            "successes_with_recovery": back, "true_successes": len(wins),
+            "recoveries": dict(Counter(k for e in told for k in e.recoveries))}
+
+
+def failure_causes(episodes: Sequence[Episode]) -> dict[str, int]:
+    """Why the failed episodes failed, where the environment can tell
+    (``Episode.failure_cause``, the simulator's ground truth: a pop-up not closed, voice
+    input not left, mistyped text, the wrong result, ...); empty elsewhere."""
+    return dict(Counter(e.failure_cause for e in episodes if e.failure_cause
+                        and not e.trajectory.is_infra_truncated))
+
+
 def summarize(episodes: Sequence[Episode],
               min_judged_share: float = MIN_JUDGED_SHARE) -> dict[str, Any]:
     """Success rate (Wilson 95% interval over usable episodes), mean length, failure kinds.
@@ -173,6 +199,8 @@ def summarize(episodes: Sequence[Episode],
         "mean_length_success": float(np.mean([len(t) for t in judged if t.is_success]))
         if wins else float("nan"),
         "failure_kinds": {k: kinds.get(k, 0) for k in FAILURE_KINDS},
+        "failure_causes": failure_causes(episodes),
+        **recovery_stats(episodes),
         "judged_share": n / len(trajs) if trajs else float("nan"),
         "complete": bool(trajs) and n >= min_judged_share * len(trajs),
         "not_evaluated": [{"traj_id": t.traj_id, "task": t.task,

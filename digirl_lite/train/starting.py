@@ -56,6 +56,19 @@ def span_extractor(cfg: Any, *, cache_dir: Path | None,
     return ex
 
 
+def demo_phone(cfg: Any) -> dict[str, Any]:
+    """The phone the demonstrations are recorded on (``sft_phone``), as
+    :func:`~digirl_lite.rollout.pile.generate_demos` arguments: "older", the defaults of
+    day 1 and its older layout (nothing of ``sim_surprises``); "live", the run's day,
+    surprises and layout (``sim_layout``)."""
+    if cfg.sft_phone == "older":
+        return {}
+    from digirl_lite.envs.sim.world import Surprises
+
+    return {"day": cfg.day, "surprises": Surprises(**cfg.sim_surprises),
+            "layout": cfg.sim_layout}
+
+
 def sft_key(cfg: Any) -> str:
     """What the SFT starting policy depends on (a cached or shipped one must match)."""
     from digirl_lite.paths import content_key, data_dir
@@ -73,6 +86,9 @@ def sft_key(cfg: Any) -> str:
                        c.sft_batch, c.sft_lr, c.sft_surprise_rate, c.sft_varied_products,
                        c.sft_copy_updates, c.sft_copy_share, *policy,
                        *((("slip", c.sft_slip_rate),) if c.sft_slip_rate else ()),
+                       *((("phone", c.sft_phone, c.day, sorted(c.sim_surprises.items()),
+                            c.sim_layout),)
+                         if c.sft_phone != "older" else ()),
                        *((("phrasing", c.sft_phrasing_share),) if c.sft_phrasing_share else ()),
                        *((("phrasings", c.train_phrasings),)
                          if c.sft_phrasing_share and c.train_phrasings != "base" else ()),
@@ -97,6 +113,7 @@ def save_starting_policy(policy: Any, cfg: Any, directory: str | Path) -> Path:
         "sft_varied_products": cfg.sft_varied_products,
         "sft_copy_updates": cfg.sft_copy_updates,
         "sft_copy_share": cfg.sft_copy_share, "sft_slip_rate": cfg.sft_slip_rate,
+        "sft_phone": cfg.sft_phone,
         "sft_phrasing_share": cfg.sft_phrasing_share, "train_phrasings": cfg.train_phrasings,
         "goal_features": cfg.goal_features,
         "goal_token_dropout": cfg.goal_token_dropout,
@@ -165,7 +182,8 @@ def train_sft(cfg: Any, features: Any, *, device: Any = "cpu", process_index: in
                                         varied_products=c.sft_varied_products,
                                         slip_rate=c.sft_slip_rate,
                                         phrasing_share=c.sft_phrasing_share,
-                                        phrasings=c.train_phrasings)
+                                        phrasings=c.train_phrasings,
+                                        **demo_phone(c))
     features.fill(dscreens)
     steps = [s for t in demos for s in t.steps]
     policy = fresh_policy(c).to(device)

@@ -61,7 +61,7 @@ from digirl_lite.redaction import redact
 from digirl_lite.rollout.episode import SampledAction
 from digirl_lite.rollout.fleet import JudgeUnavailable, NoDevicesLeft
 from digirl_lite.train.config import DigiRLConfig, effective_fields
-from digirl_lite.train.evaluate import evaluate, split_rate, stage_rates
+from digirl_lite.train.evaluate import evaluate, recovery_stats, split_rate, stage_rates
 
 __all__ = ["PolicyBatchAgent", "Trainer", "RunStopped", "mle_update", "steps_to_batch",
            "text_mle_update", "ITERATION_PHASES", "RUN_PHASES", "SPLIT_STAGES", "USER_CACHE"]
@@ -604,6 +604,7 @@ class Trainer:
         devices += () if c.day == 1 else (("day", c.day),)  # day 1 keys as before
         devices += (("surprises", sorted(c.sim_surprises.items())),) if c.sim_surprises else ()
         devices += (("faults", sorted(c.sim_faults.items())),) if c.sim_faults else ()
+        devices += (("layout", c.sim_layout),) if c.sim_layout != "older" else ()
         devices += (("phrasing", c.phrasing_share),) if c.phrasing_share else ()
         devices += ((("phrasings", c.train_phrasings),)
                     if c.phrasing_share and c.train_phrasings != "base" else ())
@@ -827,6 +828,7 @@ class Trainer:
         t_iter = time.perf_counter()
         before = dict(self.timings)
         staleness: dict[str, Any] = {}
+        mechanism: dict[str, Any] = {}  # recoveries in the successes (issue 47), sync only
         if collected is None and c.learner == "async":
             collected, staleness = self.take_online(k)
         elif collected is None:
@@ -843,6 +845,7 @@ class Trainer:
                 id_prefix=f"online-s{c.seed}-it{k:04d}", source=Source.ONLINE, iteration=k,
                 seed=c.seed * 1_000_003 + 100_000 * k))
             collected = [e.trajectory for e in episodes]
+            mechanism = recovery_stats(episodes)
             self.timings["inference"] = self.timings.get("inference", 0.0) + agent.seconds
             self.features.fill(self.screens)
             self._timed("store", lambda: self._store_append(collected))
@@ -861,7 +864,7 @@ class Trainer:
                  for name in ITERATION_PHASES}
         split["environments"] = round(split["collect"] - split["inference"], 3)
         self.log(stage="online", iteration=k, online_trajectories=self.online_trajectories,
-                 collect_success=round(wins, 4), **update,
+                 collect_success=round(wins, 4), **mechanism, **update,
                  **staleness, seconds=round(time.perf_counter() - t_iter, 2),
                  time_split=split)
 
@@ -1095,7 +1098,9 @@ class Trainer:
                  success_rate_unjudged_as_failures=round(
                      report["success_rate_unjudged_as_failures"], 4),
                  truth=report["truth"], true_success_rate=round(report["true_success_rate"], 4),
-                 judge_accuracy=(report["judge_agreement"] or {}).get("accuracy"))
+                 judge_accuracy=(report["judge_agreement"] or {}).get("accuracy"),
+                 failure_causes=report.get("failure_causes") or None,
+                 success_with_recovery=report.get("success_with_recovery"))
 
     # -- persistence ----------------------------------------------------------------------
     def _store(self) -> TrajectoryStore:

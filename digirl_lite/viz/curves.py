@@ -23,8 +23,8 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["plot_learning_curves", "plot_training_metrics", "plot_seed_bands", "curve_rows",
            "final_success", "mean_ci95"]
 
-TRAINING_KEYS = ("collect_success", "kept_trajectories", "kept_steps", "step_critic_loss",
-                 "instr_critic_loss", "actor_loss")
+TRAINING_KEYS = ("collect_success", "success_with_recovery", "kept_trajectories",
+                 "kept_steps", "step_critic_loss", "instr_critic_loss", "actor_loss")
 """What ``Trainer.online_iteration`` logs per iteration, plotted by default."""
 
 

@@ -194,7 +194,7 @@ class Copier:
     def _start(self, obs: Observation) -> None:
         """Replay the clean demonstration of this task to learn which screens it shows."""
         self._task = _task_of(obs)
-        s = initial_state(obs.state.day)
+        s = initial_state(obs.state.day, obs.state.layout)
         known = {_sync_key(s)}
         for _ in range(self.max_plan_steps):
             a = expert_action(s, self._task)

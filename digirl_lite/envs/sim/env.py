@@ -22,15 +22,18 @@ from digirl_lite.envs.sim.render import Renderer, blank_screen, screen_key
 from digirl_lite.envs.sim.tasks import Task, UnsupportedTaskError, load_tasks, parse_task
 from digirl_lite.envs.sim.world import (
     HEIGHT,
+    LAYOUTS,
     WIDTH,
     PhoneState,
     Surprises,
     apply_phase,
+    failure_cause,
     initial_state,
     is_success,
     minimal_reset,
     phase_reached,
     reached_first_milestone,
+    recoveries_between,
     surprises_between,
     transition,
     ui_nodes,
@@ -124,6 +127,8 @@ class SimPhoneEnv:
             this project before the lifecycle.
         ui_tree: put the screen's UI tree in ``info["ui_tree"]`` at every reset and step
             (:class:`~digirl_lite.envs.uitree.UINode` list, as a device's page source reads).
+        layout: the dialogs' design, one of :data:`~digirl_lite.envs.sim.world.LAYOUTS`
+            ("older": the demonstrations'; "current": today's live phone, issue 47).
     """
 
     def __init__(
@@ -141,7 +146,11 @@ class SimPhoneEnv:
         skip_unsupported: bool = False,
         hard_reset_every: int = 1,
         ui_tree: bool = False,
+        layout: str = "older",
     ) -> None:
+        if layout not in LAYOUTS:
+            raise ValueError(f"layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
+        self.layout = layout
         if horizon is not None and horizon <= 0:
             raise ValueError(f"horizon must be positive, got {horizon}")
         if isinstance(hard_reset_every, bool) or not isinstance(hard_reset_every, int) \
@@ -222,6 +231,8 @@ class SimPhoneEnv:
         self.judge.reset()
         obs, _ = self._observe()
         self._reached = reached_first_milestone(self.state, self.task)
+        self._submitted: list[str] = []  # the queries this episode searched for
+        self._recovered: list[str] = []  # the last gesture's ways back (recoveries_between)
         info = {"task": self.task.text, "success": is_success(self.state, self.task),
                 "horizon": self.horizon, "reset": self.last_reset,
                 SETUP: "done" if self.task.setup is not None else None}
@@ -247,7 +258,8 @@ class SimPhoneEnv:
         self.horizon = self._fixed_horizon or self.task.horizon
         hard = self.state is None or self._hard_next \
             or hard_reset_due(self._since_hard, self.hard_reset_every)
-        self.state = initial_state(self.day) if hard else minimal_reset(self.state, self.day)
+        self.state = (initial_state(self.day, self.layout) if hard
+                      else minimal_reset(self.state, self.day))
         self._since_hard = 1 if hard else self._since_hard + 1
         self.last_reset, self._hard_next = ("hard" if hard else "minimal"), False
         setup = self.task.setup
@@ -291,6 +303,11 @@ class SimPhoneEnv:
             return None
         before = self.state
         self.state = transition(self.state, gesture, self.rng, self.surprises)
+        self._recovered = recoveries_between(before, self.state, gesture)
+        p = self.state.page
+        if (p.query and p != before.page and p.kind in ("shop_results", "google_results")
+                and before.page.kind not in ("shop_product", "web_result")):  # not a BACK
+            self._submitted = [*getattr(self, "_submitted", []), p.query]
         if self.faults.latency_median_s > 0:
             time.sleep(math.exp(math.log(self.faults.latency_median_s)
                                 + self.faults.latency_sigma * self.rng.standard_normal()))
@@ -369,6 +386,10 @@ class SimPhoneEnv:
         self._done = terminated or truncated
         if self._done:
             self._teardown(info)
+        info["recovered"] = list(self._recovered)  # ground truth, for the reports
+        if self._done:
+            info["failure_cause"] = failure_cause(self.state, self.task,
+                                                  tuple(self._submitted), action.ends_episode)
         info.update(success=success, true_success=success,
                     reached_first_milestone=self._reached,
                     verdict=result.verdict, judge_reply=result.reply,

@@ -15,11 +15,16 @@ templates, written apart (issue 32, item 5):
 
 Every phrasing is one :func:`~digirl_lite.envs.sim.tasks.parse_task` reads back to the same
 site, level and product: :func:`rephrase` checks it.
+
+General has one held-out set (issue 47, item 1): :data:`GENERAL_HELD_OUT_PHRASINGS`, which
+only the split ``general_unseen_phrasings`` uses (:func:`rephrase_general`: the same app, or a
+search with the same content words, read back).
 """
 
 from __future__ import annotations
 
 import random
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
@@ -27,7 +32,9 @@ from digirl_lite.envs.sim.catalog import SITES
 from digirl_lite.envs.sim.tasks import TYPO_KEYWORDS, Task, UnsupportedTaskError, parse_task
 
 __all__ = ["Phrasings", "TRAIN_PHRASINGS", "WIDE_TRAIN_PHRASINGS", "TRAIN_PHRASING_SETS",
-           "HELD_OUT_PHRASINGS", "FINAL_PHRASINGS", "rephrase", "rephrase_tasks", "add_typo"]
+           "HELD_OUT_PHRASINGS", "FINAL_PHRASINGS", "rephrase", "rephrase_tasks", "add_typo",
+           "GeneralPhrasings", "GENERAL_HELD_OUT_PHRASINGS", "GENERAL_FUNCTION_WORDS",
+           "general_content_words", "rephrase_general"]
 
 
 @dataclass(frozen=True)
@@ -226,3 +233,182 @@ def rephrase_tasks(tasks: Sequence[str | Task], share: float, seed: int,
         else:
             out.append(rephrase(task, phrasings, rng))
     return out
+
+
+# --------------------------------------------------------------------------------------------
+# General: the held-out phrasings of the test list (issue 47, item 1)
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GeneralPhrasings:
+    """General instructions written apart from the train list's templates.
+
+    Attributes:
+        open: opening an app (``{a}``: the app's name as the test line writes it).
+        search: a train search template of ``recipes/make_task_sets.py`` (its ``{}`` slots,
+            in order) -> the ways to write the same search (the same slots, in order).
+        lower_p: chance the template's words start lower case ("look up ..."), else the
+            first letter is capital; the names in the slots are kept as written.
+    """
+
+    open: tuple[str, ...]
+    search: dict[str, tuple[str, ...]]
+    lower_p: float
+
+
+def _general_search(*pairs: tuple[tuple[str, ...], tuple[str, ...]]) -> dict:
+    return {key: held for keys, held in pairs for key in keys}
+
+
+GENERAL_HELD_OUT_PHRASINGS = GeneralPhrasings(
+    open=("Start {a}", "Start the {a}", "Start the {a} app", "Start the {a} application"),
+    search=_general_search(
+        (("What's the news in {}?",),
+         ("look up the news in {}", "tell me the news in {}", "can you show me the news in {}?")),
+        (("What is the capital of {}?", "Google the capital of {}"),
+         ("look up the capital of {}", "tell me the capital of {}", "which is the capital of {}?",
+          "do you know the capital of {}?")),
+        (("What's the population of {}?",),
+         ("look up the population of {}", "tell me the population of {}",
+          "do you know the population of {}?")),
+        (("What's the weather like in {}?",),
+         ("look up the weather in {}", "tell me the weather in {}", "show me the weather in {}")),
+        (("Search for hotels in {}",),
+         ("look up hotels in {}", "show me hotels in {}", "can you find hotels in {}?")),
+        (("What time is it in {}?",),
+         ("look up the time in {}", "tell me the time in {}", "do you know the time in {}?")),
+        (("What's a good restaurant in {}?",),
+         ("look up a good restaurant in {}", "tell me a good restaurant in {}",
+          "can you show me a good restaurant in {}?")),
+        (("How much does a 2 bedroom apartment rent for in {}?",),
+         ("look up the rent for a 2 bedroom apartment in {}",
+          "tell me the rent for a 2 bedroom apartment in {}",
+          "show me 2 bedroom apartment rent in {}")),
+        (("How much does a 3 bedroom apartment rent for in {}?",),
+         ("look up the rent for a 3 bedroom apartment in {}",
+          "tell me the rent for a 3 bedroom apartment in {}",
+          "show me 3 bedroom apartment rent in {}")),
+        (("Search for flights from {} to {}",),
+         ("look up flights from {} to {}", "show me flights from {} to {}",
+          "can you find flights from {} to {}?")),
+        (("What's on the menu at {}?",),
+         ("look up the menu at {}", "show me the menu at {}", "tell me what's on the menu at {}")),
+        (("What time does {} close?",),
+         ("look up what time {} will close", "tell me what time {} will close",
+          "do you know what time {} will close?")),
+        (("How do I get to the nearest {}?",),
+         ("show me how to get to the nearest {}", "look up how to get to the nearest {}",
+          "can you tell me how to get to the nearest {}?")),
+        (("Find the nearest {}",),
+         ("look up the nearest {}", "show me the nearest {}", "can you find the nearest {}?")),
+        (("Where can I buy a nice {}?",),
+         ("tell me where to buy a nice {}", "look up where to buy a nice {}",
+          "show me where I can buy a nice {}")),
+        (("Search for a new {}",),
+         ("look up a new {}", "show me a new {}", "can you find me a new {}?")),
+        (("Search for good {} restaurants",),
+         ("look up good {} restaurants", "show me good {} restaurants",
+          "can you find good {} restaurants?")),
+        (("What's a good {} recipe for dinner?",),
+         ("look up a good {} recipe for dinner", "show me a good {} recipe for dinner",
+          "can you find a good {} recipe for dinner?")),
+        (("What's the latest news in {}?",),
+         ("look up the latest news in {}", "tell me the latest news in {}",
+          "show me the latest news in {}")),
+        (("How big is {}?",),
+         ("look up how big {} is", "tell me how big {} is", "do you know how big {} is?")),
+        (("How far away is {}?",),
+         ("look up how far away {} is", "tell me how far away {} is",
+          "do you know how far away {} is?")),
+        (("What's the price of the {}?",),
+         ("look up the price of the {}", "tell me the price of the {}",
+          "show me the price of the {}")),
+        (("How much does the {} cost?",),
+         ("look up the cost of the {}", "tell me the cost of the {}",
+          "do you know the cost of the {}?")),
+    ),
+    lower_p=0.6,
+)
+"""What only the held-out split ``general_unseen_phrasings`` uses (issue 47, item 1): the
+General test list line by line in ways the train list never writes. The train list opens apps
+with "Open" and "Launch" and asks with "What", "How", "Where", "Find", "Search for" and
+"Google", always from a capital letter; these open with "Start" (the one other verb the parser
+reads), search with "look up" (an explicit verb: its rest is the query) or ask with "tell me",
+"show me", "can you", "do you know" and "which" (a question: the whole text is the query), and
+most start lower case. ``tests/test_generalization_splits.py`` checks that no train line starts
+with one of these openers or matches one of these templates.
+
+Each search template keeps its train template's *content words*
+(:func:`general_content_words`: the query's words, lower case, less the function words of
+:data:`GENERAL_FUNCTION_WORDS`): "What's the weather like in Edinburgh?" (a question, the whole
+text typed) and "look up the weather in Edinburgh" (typed: "the weather in Edinburgh") both hold
+{weather, edinburgh}. :func:`rephrase_general` checks it on every line it writes."""
+
+GENERAL_FUNCTION_WORDS = frozenset(
+    "a an the what what's which where when how is it in of for to from at on does do will i me "
+    "you can tell show look up find get like much know".split())
+"""The words a General query may gain or lose when rephrased: question words, articles,
+prepositions, auxiliaries, pronouns and the asking verbs ("tell me", "do you know", "look up",
+"find", "get to"). Every other word of a query is a content word."""
+
+_GENERAL_OPEN = re.compile(r"^(?:open|launch|start)\s+(?:the\s+)?(?P<name>.+?)(?:\s+app)?$",
+                           re.I)
+
+
+def general_content_words(query: str) -> frozenset[str]:
+    """The content words of a General search ``query``: its words lower case, ``?.,!``
+    stripped from their ends, less :data:`GENERAL_FUNCTION_WORDS`."""
+    words = (w.strip("?.,!").lower() for w in query.split())
+    return frozenset(w for w in words if w and w not in GENERAL_FUNCTION_WORDS)
+
+
+def _template_regex(template: str) -> re.Pattern[str]:
+    parts = [re.escape(p) for p in template.split("{}")]
+    return re.compile("^" + "(.+?)".join(parts) + "$")
+
+
+def rephrase_general(task: Task | str, phrasings: GeneralPhrasings,
+                     rng: random.Random) -> str:
+    """A General ``task`` (a line of the test list: an app opened with a train open template,
+    or a search written with a train search template) written with ``phrasings``: the same
+    app, or a search with the same content words (:func:`general_content_words`) and the
+    slots' names as written; checked by parsing it back.
+
+    Raises:
+        ValueError: a line no template of ``phrasings.search`` writes, an app name not read
+            back, or no draw in 20 tries parsed back to the same task.
+    """
+    t = task if isinstance(task, Task) else parse_task(task)
+    text = " ".join(t.text.split())
+    if t.kind == "open_app":
+        m = _GENERAL_OPEN.match(text)
+        if m is None:
+            raise ValueError(f"not an app opened as the train list opens one: {t.text!r}")
+        slots, templates = {"a": m["name"]}, phrasings.open
+    elif t.kind == "search":
+        found = [(k, m.groups()) for k in phrasings.search
+                 if (m := _template_regex(k).match(text))]
+        if len(found) != 1:
+            raise ValueError(f"{len(found)} search templates write {t.text!r}, need one")
+        key, names = found[0]
+        templates = phrasings.search[key]
+    else:
+        raise ValueError(f"not a General task: {t.text!r}")
+    for _ in range(20):
+        template = rng.choice(templates)
+        template = template[:1].lower() + template[1:] if rng.random() < phrasings.lower_p \
+            else template[:1].upper() + template[1:]
+        out = template.format(**slots) if t.kind == "open_app" else template.format(*names)
+        try:
+            back = parse_task(out)
+        except (UnsupportedTaskError, ValueError):
+            continue
+        if back.kind != t.kind:
+            continue
+        if back.kind == "open_app" and back.app == t.app:
+            return out
+        if back.kind == "search" and \
+                general_content_words(back.query) == general_content_words(t.query):
+            return out
+    raise ValueError(f"no phrasing of {t.text!r} parsed back to the same task")

@@ -30,10 +30,11 @@ if TYPE_CHECKING:  # pragma: no cover
     from digirl_lite.envs.sim.tasks import Task
 
 __all__ = [
-    "WIDTH", "HEIGHT", "Surprises", "Page", "PhoneState", "Element",
+    "WIDTH", "HEIGHT", "LAYOUTS", "Surprises", "Page", "PhoneState", "Element",
     "initial_state", "minimal_reset", "apply_phase", "phase_reached", "layout", "hit_test",
     "transition", "is_success", "reached_first_milestone", "results_for",
-    "surprises_between", "find", "is_tappable", "ui_nodes",
+    "surprises_between", "find", "is_tappable", "ui_nodes", "RECOVERIES",
+    "recoveries_between", "FAILURE_CAUSES", "failure_cause",
     "N_RESULTS",
 ]
 
@@ -108,6 +109,16 @@ class Page:
     ad: int | None = None
 
 
+LAYOUTS = ("older", "current")
+"""The phone's designs of its dialogs (:attr:`PhoneState.layout`; issue 47). "older": the
+layout the demonstrations were recorded on (a pop-up's X at its top right, "No thanks" below;
+voice input's X at the top left; the cookie banner at the bottom). "current": today's live
+phone, as AitW's recordings were older than the web DigiRL practises on: the pop-up lower on
+the screen with its X at the top left, voice input's cancel at the bottom, and the cookie
+banner at the top of the page, over a shop's search box (a tap there lands on the banner
+until it is answered). BACK closes a pop-up and leaves voice input on both."""
+
+
 @dataclass(frozen=True)
 class PhoneState:
     page: Page = field(default_factory=Page)
@@ -118,6 +129,12 @@ class PhoneState:
     loading: bool = False
     day: int = 1
     sites_seen: tuple[str, ...] = ()
+    layout: str = "older"
+    """One of :data:`LAYOUTS`: where the dialogs' buttons are."""
+
+    def __post_init__(self) -> None:
+        if self.layout not in LAYOUTS:
+            raise ValueError(f"layout must be one of {', '.join(LAYOUTS)}, got {self.layout!r}")
 
     @property
     def clean(self) -> bool:
@@ -146,11 +163,12 @@ class Element:
         return x0 <= x < x1 and y0 <= y < y1
 
 
-def initial_state(day: int = 1) -> PhoneState:
-    """The saved phone every episode starts from: the launcher (spec section 1)."""
+def initial_state(day: int = 1, layout: str = "older") -> PhoneState:
+    """The saved phone every episode starts from: the launcher (spec section 1), with the
+    dialogs of ``layout`` (:data:`LAYOUTS`)."""
     if day < 1:
         raise ValueError(f"day starts at 1, got {day}")
-    return PhoneState(day=day)
+    return PhoneState(day=day, layout=layout)
 
 
 def minimal_reset(state: PhoneState, day: int | None = None) -> PhoneState:
@@ -159,7 +177,8 @@ def minimal_reset(state: PhoneState, day: int | None = None) -> PhoneState:
     ``day`` moves the phone to another drift day. :func:`initial_state` is the hard reset."""
     if day is not None and day < 1:
         raise ValueError(f"day starts at 1, got {day}")
-    return PhoneState(day=state.day if day is None else day, sites_seen=state.sites_seen)
+    return PhoneState(day=state.day if day is None else day, sites_seen=state.sites_seen,
+                      layout=state.layout)
 
 
 def apply_phase(state: PhoneState, phase: SimPhase) -> PhoneState:
@@ -187,7 +206,7 @@ def apply_phase(state: PhoneState, phase: SimPhase) -> PhoneState:
         seen = seen + (phase.site,)
     focus = "search_box" if phase.typed is not None else None
     return PhoneState(page=page, history=(Page(),), focus=focus, typed=phase.typed or "",
-                      day=state.day, sites_seen=seen)
+                      day=state.day, sites_seen=seen, layout=state.layout)
 
 
 def phase_reached(state: PhoneState, phase: SimPhase) -> bool:
@@ -441,6 +460,8 @@ def _product(p: Page) -> tuple[str, str]:
 
 
 def _overlay_elements(state: PhoneState) -> list[Element]:
+    if state.layout == "current":
+        return _current_overlay_elements(state)
     if state.overlay == "popup":
         p = state.page
         title = ("Sign up for deals!" if p.site else
@@ -465,6 +486,38 @@ def _overlay_elements(state: PhoneState) -> list[Element]:
             Element("voice:box", (0, STATUS_H, WIDTH, HEIGHT), "voice", "Listening...",
                     (32, 33, 36), (255, 255, 255)),
             Element("voice:cancel", (30, 110, 170, 250), "close", "X", (60, 64, 67),
+                    (255, 255, 255)),
+        ]
+    return []
+
+
+def _current_overlay_elements(state: PhoneState) -> list[Element]:
+    """The dialogs of the "current" layout (:data:`LAYOUTS`): the same ids and labels as the
+    older one's, elsewhere on the screen."""
+    if state.overlay == "popup":
+        p = state.page
+        title = ("Sign up for deals!" if p.site else
+                 "Before you continue" if p.app == "chrome" else "Allow notifications?")
+        return [
+            Element("popup:box", (90, 1000, 990, 1800), "modal", title, (255, 255, 255)),
+            Element("popup:close", (110, 1020, 220, 1130), "close", "X", (230, 230, 230)),
+            Element("popup:nothanks", (190, 1620, 890, 1750), "button", "No thanks",
+                    (60, 64, 67), (255, 255, 255)),
+        ]
+    if state.overlay == "consent":
+        return [
+            Element("consent:box", (0, CONTENT_TOP, WIDTH, 700), "sheet", "We use cookies",
+                    (250, 250, 250)),
+            Element("consent:accept", (560, 560, 1020, 680), "button", "Accept all",
+                    (26, 115, 232), (255, 255, 255)),
+            Element("consent:reject", (60, 560, 520, 680), "button", "Reject all",
+                    (230, 230, 230)),
+        ]
+    if state.overlay == "voice":
+        return [
+            Element("voice:box", (0, STATUS_H, WIDTH, HEIGHT), "voice", "Listening...",
+                    (32, 33, 36), (255, 255, 255)),
+            Element("voice:cancel", (390, 1980, 690, 2160), "close", "Cancel", (60, 64, 67),
                     (255, 255, 255)),
         ]
     return []
@@ -691,6 +744,64 @@ def surprises_between(before: PhoneState, after: PhoneState) -> list[str]:
     if p.ad is not None and p != before.page:
         out.append("sponsored")
     return out
+
+
+RECOVERIES = ("popup", "voice", "consent", "back")
+"""What :func:`recoveries_between` names: a pop-up closed, voice input left, a cookie banner
+answered, a BACK that left a page (a wrong product, an ad's page, a wrong site)."""
+
+
+def recoveries_between(before: PhoneState, after: PhoneState, gesture: Gesture) -> list[str]:
+    """The ways back from a surprise or a mistake that one transition took (issue 47's
+    mechanism: the share of successful episodes holding one is the curve that shows online
+    practice learning them). Ground truth, for logs and reports; no agent reads it."""
+    out = []
+    if before.overlay and after.overlay is None and not before.loading:
+        out.append(before.overlay)
+    elif (gesture.kind == "back" and before.overlay is None and not before.focus
+          and after.page != before.page):
+        out.append("back")
+    return out
+
+
+FAILURE_CAUSES = ("popup_not_closed", "voice_not_left", "blank_page", "mistyped",
+                  "wrong_result", "wrong_place", "stopped_early", "stuck")
+"""Why an episode that did not succeed failed, from the phone's last state
+(:func:`failure_cause`): the decisions (a pop-up not closed, voice input not left, the wrong
+result opened, stopping too early, wandering or stuck) against mistyped text."""
+
+
+def failure_cause(state: PhoneState, task: Task, typed: tuple[str, ...] = (),
+                  stopped: bool = False) -> str | None:
+    """Why ``task`` is not done on ``state`` (None when it is): the phone's last state,
+    ``typed`` every query the episode submitted, ``stopped`` whether the agent ended the
+    episode itself. Checked in this order: an overlay still up (a pop-up, voice input), a
+    blank page, a submitted query that is not the task's (mistyped: a wrong product or a
+    cut span), a product page that is not the first entry (an ad's or another row's), the
+    agent's own stop, a page that is not the task's site (or app), else stuck."""
+    from digirl_lite.envs.sim.tasks import normalize_query
+
+    if is_success(state, task):
+        return None
+    if state.overlay == "popup":
+        return "popup_not_closed"
+    if state.overlay == "voice":
+        return "voice_not_left"
+    if state.loading:
+        return "blank_page"
+    want = normalize_query(task.query or "")
+    sites = {SITES[s].domain for s in SITES}
+    if task.query and any(normalize_query(q) != want and normalize_query(q) not in sites
+                          for q in typed):
+        return "mistyped"
+    p = state.page
+    if task.kind == "webshop" and p.site == task.site and p.kind == "shop_product":
+        return "wrong_result"
+    if stopped:
+        return "stopped_early"
+    if not reached_first_milestone(state, task):
+        return "wrong_place"
+    return "stuck"
 
 
 # ---------------------------------------------------------------------------------------
