@@ -40,3 +40,12 @@ class TwinExpert:
         if not action.ends_episode:
             self.twin.apply_gesture(to_gesture(action, WIDTH, HEIGHT))
         return format_action(action)
+
+
+def play(env, agent, task, seed: int) -> tuple[float, dict]:
+    """One episode of ``agent`` on ``env`` for ``task``: the last step's reward and info."""
+    obs, _ = env.reset(seed=seed, task=task)
+    while True:
+        obs, reward, term, trunc, info = env.step(agent.act(obs))
+        if term or trunc:
+            return reward, info

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from phone_agents import play
 
 from digirl_lite.envs.setup import split_name, split_path, split_task_list
 from digirl_lite.envs.sim.tasks import load_task_file, parse_task
@@ -405,13 +406,6 @@ def test_the_expert_solves_the_general_split_tasks():
     for split in ("unseen_names", "unseen_phrasings"):
         env = SimPhoneEnv(str(data_dir() / "tasks" / f"general_{split}.txt"), seed=0,
                           surprises=Surprises().scaled(0.0))
-        wins = 0
-        for i, task in enumerate(env.tasks[:24]):
-            agent = ScriptedExpert()
-            obs, _ = env.reset(seed=i, task=task)
-            while True:
-                obs, reward, term, trunc, _ = env.step(agent.act(obs))
-                if term or trunc:
-                    break
-            wins += reward > 0
+        wins = sum(play(env, ScriptedExpert(), task, seed=i)[0] > 0
+                   for i, task in enumerate(env.tasks[:24]))
         assert wins == 24, split

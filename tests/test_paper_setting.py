@@ -8,6 +8,7 @@ import json
 from collections import Counter
 
 import pytest
+from phone_agents import play
 
 from digirl_lite.actions import Action, ActionType, to_gesture
 from digirl_lite.envs.sim.agents import Copier, ScriptedExpert
@@ -77,12 +78,7 @@ def test_the_expert_solves_the_live_phone_and_the_copier_fails_it_on_decisions(w
                           surprises={"popup": 0.4, "sponsored": 0.3})
         wins, causes = 0, Counter()
         for i, t in enumerate(tasks):
-            obs, _ = env.reset(t, seed=500 + i)
-            agent = make(i)
-            while True:
-                obs, _, term, trunc, info = env.step(agent.act(obs))
-                if term or trunc:
-                    break
+            _, info = play(env, make(i), t, seed=500 + i)
             wins += bool(info["true_success"])
             assert (info["failure_cause"] is None) == bool(info["true_success"])
             if info["failure_cause"]:

@@ -7,6 +7,7 @@ import random
 import re
 
 import pytest
+from phone_agents import play
 
 from digirl_lite.envs.sim.catalog import HELD_OUT_SITES, SITES, TRAIN_SITES
 from digirl_lite.envs.sim.phrasings import (
@@ -205,15 +206,8 @@ def test_the_expert_solves_every_split_task():
 
     for split in ("unseen_products", "unseen_phrasings", "final_phrasings"):
         env = SimPhoneEnv(str(TASKS / f"webshop_{split}.txt"), seed=0)
-        wins = 0
-        for i, task in enumerate(env.tasks[:24]):
-            agent = ScriptedExpert()
-            obs, _ = env.reset(seed=i, task=task)
-            while True:
-                obs, reward, term, trunc, _ = env.step(agent.act(obs))
-                if term or trunc:
-                    break
-            wins += reward > 0
+        wins = sum(play(env, ScriptedExpert(), task, seed=i)[0] > 0
+                   for i, task in enumerate(env.tasks[:24]))
         assert wins == 24, split
 
 

@@ -202,7 +202,16 @@ def test_main_job_quick_run_writes_its_artifacts(tmp_path):
     assert summary["online_trajectories"] == 2 * 8
     assert (out / "learning_curve.png").stat().st_size > 1000
     lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
-    assert [r["iteration"] for r in lines if r.get("stage") == "online"] == [1, 2]
+    online = [r for r in lines if r.get("stage") == "online"]
+    assert [r["iteration"] for r in online] == [1, 2]
+    # the mechanism's curve (issue 47): each iteration's successes that took a way back,
+    # from the simulator's ground truth; and the evaluations say why their failures failed
+    for r in online:
+        assert 0 <= r["successes_with_recovery"] <= r["true_successes"] <= 8
+        assert set(r["recoveries"]) <= {"popup", "voice", "consent", "back"}
+    for stage in ("copier", "offline", "online"):
+        rep = summary["stages"][stage]
+        assert sum(rep["failure_causes"].values()) == rep["judged_episodes"] - rep["successes"]
     assert "held-out success" in stdout and "digirl" in stdout
     # training changed the policy: the final weights differ from a fresh preset's
     from digirl_lite.policy import AutoUIPolicy

@@ -795,12 +795,7 @@ class DigiRLConfig:
         if self.phrasing_share and self.env != "sim":
             raise ConfigError("phrasing_share: rephrasing train tasks is the simulated "
                               f"phone's (env='sim'), not env={self.env!r}'s")
-        if self.sft_phone not in SFT_PHONES:
-            raise ConfigError(f"sft_phone must be one of {', '.join(SFT_PHONES)}, got "
-                              f"{self.sft_phone!r}")
-        if self.sft_phone != "older" and self.env != "sim":
-            raise ConfigError(f"sft_phone: the simulated phone's demonstrations (env='sim'), "
-                              f"not env={self.env!r}'s")
+        self._sim_name("sft_phone", SFT_PHONES)
         if not 0 <= self.sft_slip_rate <= 1:
             raise ValueError(f"sft_slip_rate must be a probability in [0, 1], got "
                              f"{self.sft_slip_rate}")
@@ -821,12 +816,7 @@ class DigiRLConfig:
                     raise ConfigError(f"sim_surprises.{k}: a probability in [0, 1], got {v!r}")
         from digirl_lite.envs.sim.world import LAYOUTS
 
-        if self.sim_layout not in LAYOUTS:
-            raise ConfigError(f"sim_layout must be one of {', '.join(LAYOUTS)}, got "
-                              f"{self.sim_layout!r}")
-        if self.sim_layout != "older" and self.env != "sim":
-            raise ConfigError(f"sim_layout: the simulated phone's (env='sim'), not "
-                              f"env={self.env!r}'s")
+        self._sim_name("sim_layout", LAYOUTS)
         if self.sim_faults:
             if self.env != "sim":
                 raise ConfigError(f"sim_faults: the simulated phone's (env='sim'), not "
@@ -1041,6 +1031,16 @@ class DigiRLConfig:
             raise ConfigError("learner='async' with days_per_iteration: the drift day is "
                               "set per iteration, and the asynchronous stream has no "
                               "iterations; use learner 'sync' for drift runs")
+
+    def _sim_name(self, name: str, allowed: tuple[str, ...]) -> None:
+        """Field ``name`` holds one of ``allowed`` (its first: the default), and anything else
+        only for the simulated phone; else a ConfigError naming the field."""
+        value = getattr(self, name)
+        if value not in allowed:
+            raise ConfigError(f"{name} must be one of {', '.join(allowed)}, got {value!r}")
+        if value != allowed[0] and self.env != "sim":
+            raise ConfigError(f"{name}: the simulated phone's (env='sim'), not "
+                              f"env={self.env!r}'s")
 
     def as_dict(self) -> dict[str, Any]:
         """The fields as JSON has them (``eval_splits`` a list), so a config compares equal
