@@ -151,6 +151,8 @@ class SimPhoneEnv:
         if layout not in LAYOUTS:
             raise ValueError(f"layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
         self.layout = layout
+        self._submitted: list[str] = []  # the queries this task's episode searched for
+        self._recovered: list[str] = []  # the last gesture's ways back (recoveries_between)
         if horizon is not None and horizon <= 0:
             raise ValueError(f"horizon must be positive, got {horizon}")
         if isinstance(hard_reset_every, bool) or not isinstance(hard_reset_every, int) \
@@ -231,8 +233,6 @@ class SimPhoneEnv:
         self.judge.reset()
         obs, _ = self._observe()
         self._reached = reached_first_milestone(self.state, self.task)
-        self._submitted: list[str] = []  # the queries this episode searched for
-        self._recovered: list[str] = []  # the last gesture's ways back (recoveries_between)
         info = {"task": self.task.text, "success": is_success(self.state, self.task),
                 "horizon": self.horizon, "reset": self.last_reset,
                 SETUP: "done" if self.task.setup is not None else None}
@@ -250,6 +250,7 @@ class SimPhoneEnv:
             PhaseFailed: the setup failed (``Faults.setup_failure``, or a phase that did
                 not put the phone where it says).
         """
+        self._submitted = []  # a new task: its episode has searched for nothing yet
         if seed is not None:
             self.rng = np.random.default_rng(seed)
         if task is None:
@@ -307,7 +308,7 @@ class SimPhoneEnv:
         p = self.state.page
         if (p.query and p != before.page and p.kind in ("shop_results", "google_results")
                 and before.page.kind not in ("shop_product", "web_result")):  # not a BACK
-            self._submitted = [*getattr(self, "_submitted", []), p.query]
+            self._submitted.append(p.query)
         if self.faults.latency_median_s > 0:
             time.sleep(math.exp(math.log(self.faults.latency_median_s)
                                 + self.faults.latency_sigma * self.rng.standard_normal()))
