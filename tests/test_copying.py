@@ -187,14 +187,58 @@ def test_shipped_policy_types_spans_and_is_untouched_elsewhere(shipped):
     assert n_type >= 5 and n_same >= 20
 
 
-def test_on_policy_learners_refuse_the_mask():
+@pytest.mark.parametrize("constrained, copy_once", [(True, False), (True, True),
+                                                     (False, False)])
+def test_on_policy_updates_score_under_the_sampling_masks(shipped, constrained, copy_once):
+    """PPO's and GRPO's ratio (issue 47, item 5): the shipped policy's tokens sampled under
+    the grammar and the copy mask (with the texts typed before), scored again under the
+    same Masks, give the recorded log-probabilities, so the first update's ratios are 1 and
+    its KL to the sampler 0; scored without the masks, the ratios leave 1 (what the config
+    refused before the scoring put them again)."""
+
+    from digirl_lite.policy.base import Masks
+    from digirl_lite.policy.updates import PPOBatch, ppo_update
+    from digirl_lite.rollout.pile import generate_demos
+    from digirl_lite.vision.sim_encoder import SimScreenEncoder
+
+    trajs, screens, _ = generate_demos("webshop", n=4, seed=0)
+    steps = [s for t in trajs for s in t.steps][:24]  # expert screens: searches to type
+    prompts = [s.prompt for s in steps]
+    typed = [[] if i % 2 == 0 else ["sony"] for i in range(len(prompts))]
+    feats = torch.from_numpy(SimScreenEncoder(dim=512, seed=0).encode(
+        [screens.image(s.screen_id) for s in steps]))
+    masks = Masks(constrained, True, copy_once, 64)
+    drawn = shipped.sample(prompts, feats, 1.0, 64, generator_seed=1, constrained=constrained,
+                           copy_text=True, typed=typed if copy_once else None)
+    assert sum(parse_action(d.text).action_type == ActionType.TYPE for d in drawn) >= 2
+
+    def first_update(m):
+        p = AutoUIPolicy.load(data_dir() / "policies" / "sft-webshop")
+        opt = torch.optim.AdamW(p.parameters(), lr=1e-4)
+        batch = PPOBatch(prompts, feats, [d.token_ids for d in drawn],
+                         [d.log_probs for d in drawn],
+                         [[1.0] * len(d.token_ids) for d in drawn], None,
+                         typed=typed if copy_once else None)
+        return ppo_update(p, opt, batch, value_coef=0.0, masks=m)
+
+    same = first_update(masks)
+    assert same["ratio_max"] == pytest.approx(1.0, abs=1e-3)
+    assert same["ratio_min"] == pytest.approx(1.0, abs=1e-3)
+    assert abs(same["kl"]) < 1e-4
+    unmasked = first_update(None)
+    assert unmasked["ratio_max"] > 1.01 or unmasked["ratio_min"] < 0.99
+
+
+def test_on_policy_learners_take_the_masks_on_the_autoui_policy_only():
     from digirl_lite.errors import ConfigError
     from digirl_lite.train.config import sim_quick
 
     for algo in ("ppo", "grpo"):
+        cfg = sim_quick(algorithm=algo, copy_typed_text=True, constrained_decoding=True)
+        assert cfg.copy_typed_text and cfg.constrained_decoding
         with pytest.raises(ConfigError, match="copy_typed_text"):
-            sim_quick(algorithm=algo, copy_typed_text=True)
-    assert sim_quick(copy_typed_text=True).copy_typed_text
+            sim_quick(algorithm=algo, copy_typed_text=True, policy="vlm",
+                      policy_path=str(data_dir()))
 
 
 class _Chosen:

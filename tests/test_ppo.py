@@ -213,14 +213,17 @@ def test_the_critic_warm_up_moves_only_the_value_head():
         ppo_update(p, opt, b._replace(old_log_probs=[(-1.0,)] + list(b.old_log_probs[1:])))
 
 
-@pytest.mark.slow  # two tiny Trainer runs
-@pytest.mark.parametrize("algorithm", ["ppo", "grpo"])
-def test_the_trainer_learns_on_policy_from_its_own_samples(tmp_path, algorithm):
+@pytest.mark.slow  # three tiny Trainer runs
+@pytest.mark.parametrize("algorithm, masked", [("ppo", False), ("grpo", False), ("ppo", True)])
+def test_the_trainer_learns_on_policy_from_its_own_samples(tmp_path, algorithm, masked):
     """algorithm="ppo" / "grpo" through the Trainer (issue 17, item 3): PPO warms its value
     head up on the pile (actor frozen), then both update on each iteration's own
     trajectories against the recorded log-probabilities (ratio 1 at the first update of an
     iteration, so the clip statistics start from there); GRPO draws every task grpo_group
-    times and leaves the value head alone; the weights move; the checkpoint keeps the head."""
+    times and leaves the value head alone; the weights move; the checkpoint keeps the head.
+    ``masked``: sampled under the grammar and the copy mask (issue 47, item 5), the first
+    iteration's recorded log-probabilities are the starting policy's scored under the same
+    masks (KL 0 to the start before any update)."""
     from collections import Counter
 
     from digirl_lite.data import load_trajectories
@@ -230,7 +233,10 @@ def test_the_trainer_learns_on_policy_from_its_own_samples(tmp_path, algorithm):
     from digirl_lite.train.trainer import Trainer
 
     cfg = sim_quick(algorithm=algorithm, iterations=1, pile_size=8, n_envs=4, eval_tasks=2,
-                    horizon=4, ppo_minibatch=8, ppo_epochs=1)
+                    horizon=4, ppo_minibatch=8, ppo_epochs=1,
+                    **({"constrained_decoding": True, "copy_typed_text": True,
+                        "typed_span_extractor": "none", "typed_span_once": True}
+                       if masked else {}))
     out = tmp_path / "run"
     summary = Trainer(cfg, out, cache_dir=None, progress=False).run()
     assert set(summary["stages"]) >= {"copier", "offline", "online"}
@@ -239,6 +245,8 @@ def test_the_trainer_learns_on_policy_from_its_own_samples(tmp_path, algorithm):
     online = next(r for r in lines if r.get("stage") == "online")
     assert online["ppo_steps"] > 0 and online["ppo_tokens"] >= online["ppo_steps"]
     assert np.isfinite(online["actor_loss"]) and online["kl"] >= 0
+    if masked:
+        assert abs(online["kl_start"]) < 1e-4, online["kl_start"]
     final = AutoUIPolicy.load(out / "checkpoints" /
                               (out / "checkpoints" / "latest").read_text().strip() / "policy")
     start = AutoUIPolicy.load(data_dir() / "policies" / "sft-webshop")
@@ -256,11 +264,10 @@ def test_the_trainer_learns_on_policy_from_its_own_samples(tmp_path, algorithm):
 
 
 @pytest.mark.parametrize("field, value", [("temperature", 0.7), ("temperature", 0.0),
-                                          ("constrained_decoding", True),
                                           ("actor_precision", "bf16"), ("actor_updates", 0)])
 @pytest.mark.parametrize("algorithm", ["ppo", "grpo"])
 def test_on_policy_refuses_what_its_ratio_cannot_use(algorithm, field, value, monkeypatch):
-    """The ratio scores recorded tokens with the model at temperature 1, unmasked, in fp32:
+    """The ratio scores recorded tokens with the model at temperature 1, in fp32:
     a config sampling from another distribution fails before any collection, naming the
     field (as does actor_updates=0, which would not freeze PPO)."""
     import digirl_lite.policy.updates as updates

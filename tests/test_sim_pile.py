@@ -194,3 +194,39 @@ def test_general_varies_the_names_in_its_searches():
     for prompt, query in drills:
         assert parse_task(task_from_prompt(prompt)).query == query
     assert len({q for _, q in drills} - train) > 100
+
+
+def test_demonstrators_close_a_share_of_pop_ups_with_back():
+    """sft_popup_back_share (issue 47): the demonstrator closes that share of pop-ups with
+    BACK rather than their X (people close a dialog either way), and still succeeds; share 0
+    is the expert exactly; the share keys the starting policy and must be a probability."""
+    from digirl_lite.actions import ActionType
+    from digirl_lite.envs.sim.world import Surprises
+    from digirl_lite.train.config import sim_webshop
+    from digirl_lite.train.starting import sft_key
+    from digirl_lite.viz.regrading import replay_states
+
+    rates = {"popup": 0.6, "consent": 0.0, "voice": 0.0, "reorder": 0.0, "blank": 0.0}
+
+    def closes(trajs):  # how each pop-up the phone showed was closed: BACK or a tap
+        out = {"back": 0, "tap": 0}
+        for t in trajs:
+            states = replay_states(t, surprises=rates)
+            for st, s in zip(states, t.steps):
+                if st.overlay == "popup":
+                    back = s.action.action_type == ActionType.PRESS_BACK
+                    out["back" if back else "tap"] += 1
+        return out
+
+    kw = {"world": "general", "n": 40, "seed": 5, "surprises": Surprises(**rates),
+          "surprise_rate": 1.0}
+    clean, _, _ = generate_demos(**kw)
+    assert _content(generate_demos(**kw, popup_back_share=0.0)[0]) == _content(clean)
+    assert closes(clean)["back"] == 0 and closes(clean)["tap"] >= 10
+    mixed, _, stats = generate_demos(**kw, popup_back_share=0.5)
+    got = closes(mixed)
+    assert got["back"] >= 5 and got["tap"] >= 5, got
+    assert stats.success_rate >= 0.95
+    assert sft_key(sim_webshop(sft_popup_back_share=0.5)) != sft_key(sim_webshop())
+    with pytest.raises(ValueError, match="sft_popup_back_share must be a probability"):
+        sim_webshop(sft_popup_back_share=1.5)

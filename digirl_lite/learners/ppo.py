@@ -26,7 +26,7 @@ import torch
 
 from digirl_lite.learners.base import Learner
 from digirl_lite.paths import atomic_write_text, fsync_dir, fsync_tree
-from digirl_lite.policy.updates import actor_precision, pad_rows, steps_to_batch
+from digirl_lite.policy.updates import actor_precision, pad_rows, scoring_masks, steps_to_batch
 
 if TYPE_CHECKING:  # pragma: no cover
     from digirl_lite.data.records import Trajectory
@@ -126,7 +126,8 @@ class PPO(Learner):
                         [r[3] for r in chosen],
                         [r[4] for r in chosen] if self.value_coef_applies else None,
                         None if weights is None else [weights[i] for i in pick],
-                        None if ref is None else [ref[i] for i in pick])
+                        None if ref is None else [ref[i] for i in pick],
+                        [r.typed for r in chosen])
 
     def policy_loss_weights(self, rows) -> np.ndarray | None:
         """Each row's token weight in the policy loss under ``policy_loss_norm`` (the
@@ -198,8 +199,9 @@ class PPO(Learner):
                 chunk = rows[a:a + 64]
                 prompts, feats, _ = steps_to_batch([r[0] for r in chunk], self.run.screens,
                                                    policy)
-                lp, _, _ = policy.token_ids_log_probs_and_values(prompts, feats,
-                                                                 [r[1] for r in chunk])
+                lp, _, _ = policy.token_ids_log_probs_and_values(
+                    prompts, feats, [r[1] for r in chunk],
+                    **scoring_masks(self.run.sampling_masks(), [r.typed for r in chunk]))
                 out += [lp[i, :len(r[1])].float().cpu().numpy() for i, r in enumerate(chunk)]
         return out
 
@@ -260,7 +262,7 @@ class PPO(Learner):
                         kl_coef=c.kl_coef, grad_clip=c.actor_grad_clip,
                         negative_scale=c.negative_advantage_scale,
                         value_grad_clip=c.value_grad_clip if self.value_coef_applies
-                        else None))
+                        else None, masks=run.sampling_masks()))
         stats = done[-1]
         # kl_ref is NaN in every minibatch without a reference: left out
         out = {k: round(float(np.mean([s[k] for s in stats])), 4) for k in stats[0]

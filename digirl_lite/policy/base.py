@@ -20,7 +20,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
     from digirl_lite.data.records import ScreenTable
 
-__all__ = ["Policy", "Sample", "policy_inputs", "POLICY_FILE", "policy_kind"]
+__all__ = ["Policy", "Sample", "Masks", "policy_inputs", "POLICY_FILE", "policy_kind"]
 
 POLICY_FILE = "digirl_policy.json"
 """Written by every policy's ``save``: ``{"kind": "autoui" | "vlm", ...}``."""
@@ -34,6 +34,31 @@ class Sample(NamedTuple):
     text: str
     token_ids: tuple[int, ...]
     log_probs: tuple[float, ...] | None
+
+
+class Masks(NamedTuple):
+    """The masks a sampling call put on the model's next-token scores, as an on-policy
+    learner must put them again when it scores the sampled tokens (issue 47, item 5): the
+    recorded log-probabilities are under the masked distribution, and an importance ratio
+    is only 1 before an update when both sides are.
+
+    Attributes:
+        constrained: the action grammar (``constrained_decoding``).
+        copy_text: the copy mask (``copy_typed_text``): False, True (any span of the goal)
+            or a span chooser (the run's span extractor).
+        copy_once: the copy mask does not type a text its episode typed already
+            (``typed_span_once``): the scoring needs each row's texts typed before it.
+        max_new_tokens: the sampling's cap (the grammar's budget depends on it).
+    """
+
+    constrained: bool = False
+    copy_text: Any = False
+    copy_once: bool = False
+    max_new_tokens: int = 64
+
+    @property
+    def active(self) -> bool:
+        return bool(self.constrained or self.copy_text)
 
 
 @runtime_checkable

@@ -17,8 +17,8 @@ import numpy as np
 if TYPE_CHECKING:  # pragma: no cover
     from digirl_lite.data.records import ScreenTable, Step, Trajectory
 
-__all__ = ["PPORow", "text_token_ids", "token_ids", "token_values", "on_policy_rows",
-           "draw_groups"]
+__all__ = ["PPORow", "typed_before", "text_token_ids", "token_ids", "token_values",
+           "on_policy_rows", "draw_groups"]
 
 
 class PPORow(NamedTuple):
@@ -34,6 +34,8 @@ class PPORow(NamedTuple):
         values: per token, the value head's values (PPO); empty under GRPO.
         traj_id: the step's trajectory (``policy_loss_norm="trajectory"`` weighs each
             trajectory's tokens together).
+        typed: the texts the step's episode typed before it (the copy mask's
+            ``typed_span_once`` reads them: :class:`~digirl_lite.policy.base.Masks`).
     """
 
     step: Step
@@ -43,6 +45,21 @@ class PPORow(NamedTuple):
     returns: list[float]
     values: list[float]
     traj_id: str = ""
+    typed: tuple[str, ...] = ()
+
+
+def typed_before(trajectory: Trajectory) -> list[tuple[str, ...]]:
+    """Per step of ``trajectory``, the texts its TYPE actions typed before that step (what
+    the sampling agent's copy mask was given: :class:`~digirl_lite.train.trainer.
+    PolicyBatchAgent`)."""
+    from digirl_lite.actions import ActionType
+
+    out, done = [], []
+    for s in trajectory.steps:
+        out.append(tuple(done))
+        if s.action.action_type == ActionType.TYPE:
+            done.append(s.action.typed_text)
+    return out
 
 
 def text_token_ids(policy, texts: Sequence[str]) -> list[tuple[int, ...]]:
@@ -140,10 +157,10 @@ def on_policy_rows(trajs: Sequence[Trajectory], policy, screens: ScreenTable, *,
             adv_of.update({t.traj_id: float(x) for t, x in zip(group, a)})
         k = 0
         for t in trajs:
-            for s in t.steps:
+            for s, typed in zip(t.steps, typed_before(t)):
                 n = len(ids[k])
                 rows.append(PPORow(s, ids[k], list(s.action_log_probs) or [0.0] * n,
-                                   [adv_of[t.traj_id]] * n, [], [], t.traj_id))
+                                   [adv_of[t.traj_id]] * n, [], [], t.traj_id, typed))
                 k += 1
         return rows
     values = token_values(policy, steps, ids, screens)
@@ -154,10 +171,10 @@ def on_policy_rows(trajs: Sequence[Trajectory], policy, screens: ScreenTable, *,
         lengths = [len(x) for x in ids[k:k + n_steps]]
         adv, ret = ppo.token_gae(v, t.rewards, lengths, gamma, 1.0 if monte_carlo else lam)
         bounds = np.cumsum([0, *lengths])
-        for j, s in enumerate(t.steps):
+        for j, (s, typed) in enumerate(zip(t.steps, typed_before(t))):
             a, b = bounds[j], bounds[j + 1]
             rows.append(PPORow(s, ids[k + j], list(s.action_log_probs) or [0.0] * (b - a),
                                adv[a:b].tolist(), ret[a:b].tolist(), v[a:b].tolist(),
-                               t.traj_id))
+                               t.traj_id, typed))
         k += n_steps
     return rows

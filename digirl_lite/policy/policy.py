@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from digirl_lite.policy.base import POLICY_FILE as _POLICY_FILE
-from digirl_lite.policy.base import Sample
+from digirl_lite.policy.base import Masks, Sample
 from digirl_lite.policy.decoding import decode
 from digirl_lite.policy.model import AutoUIModel
 from digirl_lite.policy.tokenizer import SIM_TOKENIZER_FILE, HFTokenizer, SPTokenizer
@@ -183,18 +183,9 @@ class AutoUIPolicy:
         img = _as_tensor(image_features).to(self.device)
         if img.shape[0] != len(prompts):
             raise ValueError(f"{len(prompts)} prompts but {img.shape[0]} image rows")
-        processors: list[Any] = []
+        processors = self.mask_processors(prompts, max_new_tokens, constrained, copy_text,
+                                          typed)
         sampler = None
-        if constrained:
-            from digirl_lite.policy.grammar import action_logits_processor
-
-            processors.append(action_logits_processor(self.tokenizer, max_new_tokens))
-        if copy_text:  # after the grammar: it never empties a row the grammar left open
-            from digirl_lite.policy.copying import copy_logits_processor
-
-            processors.append(copy_logits_processor(
-                self.tokenizer, prompts, spans=None if copy_text is True else copy_text,
-                typed=typed))
         if temperature > 0:  # sampled (digirl_lite.policy.sampling), the greedy loop picks it
             from digirl_lite.policy.sampling import CategoricalSampler
 
@@ -228,6 +219,25 @@ class AutoUIPolicy:
             samples.append(Sample(text, tuple(row[:n]), lp))
         return samples
 
+    def mask_processors(self, prompts: Sequence[str], max_new_tokens: int,
+                        constrained: bool = False, copy_text: Any = False,
+                        typed: Sequence[Sequence[str]] | None = None) -> list[Any]:
+        """The processors :meth:`sample` puts on the next-token scores before it draws (the
+        grammar, then the copy mask), fresh for one call over ``prompts``; the scoring of
+        recorded tokens under :class:`~digirl_lite.policy.base.Masks` puts the same ones."""
+        processors: list[Any] = []
+        if constrained:
+            from digirl_lite.policy.grammar import action_logits_processor
+
+            processors.append(action_logits_processor(self.tokenizer, max_new_tokens))
+        if copy_text:  # after the grammar: it never empties a row the grammar left open
+            from digirl_lite.policy.copying import copy_logits_processor
+
+            processors.append(copy_logits_processor(
+                self.tokenizer, prompts, spans=None if copy_text is True else copy_text,
+                typed=typed))
+        return processors
+
     def log_prob(self, prompts: Sequence[str], image_features: Any, actions: Sequence[str],
                  clamp: tuple[float, float] | None = None) -> torch.Tensor:
         """Exact log-likelihood of each action string: the sum of its tokens' log-probs under
@@ -256,12 +266,17 @@ class AutoUIPolicy:
         return self._score(prompts, image_features, actions, values=True)
 
     def token_ids_log_probs_and_values(self, prompts: Sequence[str], image_features: Any,
-                                       token_ids: Sequence[Sequence[int]]
+                                       token_ids: Sequence[Sequence[int]],
+                                       masks: Masks | None = None,
+                                       typed: Sequence[Sequence[str]] | None = None
                                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """:meth:`token_log_probs_and_values` of the given token ids (what :meth:`sample`
         wrote), not of a re-tokenised string: an importance ratio must score the very tokens
-        that were sampled."""
-        return self._score(prompts, image_features, None, values=True, token_ids=token_ids)
+        that were sampled. ``masks``: the masks the sampling put on the scores, put again
+        at every token (the log-probabilities are then those :meth:`sample` recorded);
+        ``typed`` (with ``masks.copy_once``): each row's texts typed before it."""
+        return self._score(prompts, image_features, None, values=True, token_ids=token_ids,
+                           masks=masks, typed=typed)
 
     @torch.no_grad()
     def token_entropies(self, prompts: Sequence[str], image_features: Any,
@@ -302,9 +317,15 @@ class AutoUIPolicy:
 
     def _score(self, prompts: Sequence[str], image_features: Any,
                actions: Sequence[str] | None, clamp: tuple[float, float] | None = None,
-               values: bool = False, token_ids: Sequence[Sequence[int]] | None = None
+               values: bool = False, token_ids: Sequence[Sequence[int]] | None = None,
+               masks: Masks | None = None, typed: Sequence[Sequence[str]] | None = None
                ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
         rows = token_ids if token_ids is not None else actions
+        masked = masks is not None and masks.active
+        if masked and masks.copy_once and masks.copy_text and (typed is None
+                                                                or len(typed) != len(prompts)):
+            raise ValueError("masks.copy_once: the scoring needs each row's texts typed "
+                             "before it (typed, one per prompt)")
         if rows is None or len(prompts) != len(rows):
             raise ValueError(f"{len(prompts)} prompts but "
                              f"{'no' if rows is None else len(rows)} actions")
@@ -327,6 +348,11 @@ class AutoUIPolicy:
             tok, hidden = self.model.action_token_outputs(
                 ids[rows, :pl], amask[rows, :pl], img[rows], labels[rows, :al], mask[rows, :al],
                 lang[rows, :pl] if lang is not None else None)
+            if masked:
+                idx = rows.tolist()
+                tok = self._masked_log_probs(
+                    hidden, labels[rows, :al], mask[rows, :al], [prompts[i] for i in idx],
+                    masks, [typed[i] for i in idx] if masks.copy_once and typed else None)
             if clamp is not None:
                 tok = torch.log(tok.exp().clamp(min=clamp[0], max=clamp[1])) * mask[rows, :al]
             parts.append(torch.nn.functional.pad(tok, (0, t_max - al)))
@@ -337,6 +363,30 @@ class AutoUIPolicy:
         out_mask = mask[:, :t_max]
         return (torch.cat(parts)[back], torch.cat(vparts)[back] if values else None,
                 out_mask)
+
+    def _masked_log_probs(self, hidden: torch.Tensor, labels: torch.Tensor,
+                          label_mask: torch.Tensor, prompts: list[str], masks: Masks,
+                          typed: list[Sequence[str]] | None) -> torch.Tensor:
+        """(B, T) each label's log-probability under the scores :meth:`sample` drew from:
+        the head's scores at every position through :meth:`mask_processors` (fed the
+        decoder start token and the labels before it, as :func:`~digirl_lite.policy.
+        decoding.decode` feeds them), then the log-softmax (temperature 1). 0 at pads."""
+        logits = self.model.head_logits(hidden).float()  # (B, T, V)
+        procs = self.mask_processors(prompts, masks.max_new_tokens, masks.constrained,
+                                     masks.copy_text, typed)
+        start = torch.full((labels.shape[0], 1), self.model.config.decoder_start_token_id,
+                           dtype=labels.dtype, device=labels.device)
+        ids = torch.cat([start, labels], dim=1)
+        cols = []
+        for t in range(labels.shape[1]):
+            scores = logits[:, t].clone()
+            for p in procs:
+                scores = p(ids[:, :t + 1], scores)
+            sel = label_mask[:, t].bool()
+            lp = torch.log_softmax(scores[sel], dim=-1).gather(1, labels[sel, t:t + 1])[:, 0]
+            cols.append(torch.zeros(len(sel), dtype=lp.dtype, device=lp.device)
+                        .masked_scatter(sel, lp))
+        return torch.stack(cols, dim=1)
 
     # -- persistence ----------------------------------------------------------------------
     def save(self, directory: str | Path) -> Path:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 
@@ -17,7 +17,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = ["steps_to_batch", "mle_update", "text_mle_update", "actor_precision",
            "cpu_has_native_bf16", "PPOBatch",
-           "ppo_update", "pad_rows"]
+           "ppo_update", "pad_rows", "scoring_masks"]
 
 
 def cpu_has_native_bf16() -> bool:
@@ -164,7 +164,8 @@ class PPOBatch(NamedTuple):
     value targets: ``returns`` None). ``weights``: one per step, how much each of its tokens
     counts in the policy loss and the KL (None: every token alike, a token mean).
     ``ref_log_probs``: per token, the KL penalty's reference policy's log-probabilities
-    (None: the recorded ones, i.e. the KL to the sampling policy).
+    (None: the recorded ones, i.e. the KL to the sampling policy). ``typed``: per step, the
+    texts its episode typed before it (the copy mask's ``copy_once`` reads them).
     """
 
     prompts: Sequence[str]
@@ -175,6 +176,15 @@ class PPOBatch(NamedTuple):
     returns: Sequence[Sequence[float]] | None
     weights: Sequence[float] | None = None
     ref_log_probs: Sequence[Sequence[float]] | None = None
+    typed: Sequence[Sequence[str]] | None = None
+
+
+def scoring_masks(masks: Any, typed: Sequence[Sequence[str]] | None) -> dict[str, Any]:
+    """The keywords that score recorded tokens under the sampling's ``masks`` (none when
+    the sampling put none: every policy scores that way)."""
+    if masks is None or not masks.active:
+        return {}
+    return {"masks": masks, "typed": typed}
 
 
 def pad_rows(rows: Sequence[Sequence[float]], width: int, device) -> torch.Tensor:
@@ -188,8 +198,8 @@ def pad_rows(rows: Sequence[Sequence[float]], width: int, device) -> torch.Tenso
 def ppo_update(policy, opt, batch: PPOBatch, *, clip_eps: float = 0.2,
                value_coef: float = 0.5, kl_coef: float = 0.0,
                grad_clip: float | None = 1.0, update_policy: bool = True,
-               negative_scale: float = 1.0, value_grad_clip: float | None = None
-               ) -> dict[str, float]:
+               negative_scale: float = 1.0, value_grad_clip: float | None = None,
+               masks: Any = None) -> dict[str, float]:
     """One token-level PPO step (DARWIN.md A.5): the clipped surrogate on the ratio of the
     policy's log-probability of each sampled token to the recorded one, plus
     ``value_coef`` times the value head's MSE to the returns, plus ``kl_coef`` times the
@@ -201,6 +211,10 @@ def ppo_update(policy, opt, batch: PPOBatch, *, clip_eps: float = 0.2,
     better-than-expected tokens are pushed). ``grad_clip`` caps the gradient norm of the
     policy's weights, and of the value head's with them unless ``value_grad_clip`` caps the
     value head's apart (one global cap lets the value loss take the policy's share).
+
+    ``masks``: the :class:`~digirl_lite.policy.base.Masks` the steps were sampled under
+    (the grammar, the copy mask); the new log-probabilities are scored under them too, so
+    the ratio is 1 before the update (None: sampled without masks).
 
     ``update_policy=False`` is the critic warm-up (A.6): only the value loss, and only the
     value head steps (the optimizer's other parameters get no gradient).
@@ -233,7 +247,8 @@ def ppo_update(policy, opt, batch: PPOBatch, *, clip_eps: float = 0.2,
     policy.model.train()
     opt.zero_grad()
     new_lp, values, mask = policy.token_ids_log_probs_and_values(
-        list(batch.prompts), batch.feats, list(batch.token_ids))
+        list(batch.prompts), batch.feats, list(batch.token_ids),
+        **scoring_masks(masks, batch.typed))
     width, dev = mask.shape[1], mask.device
     m = mask.to(new_lp.dtype)
     n_tok = m.sum().clamp(min=1.0)

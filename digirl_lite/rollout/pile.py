@@ -248,7 +248,7 @@ def generate_demos(
     world: str = "webshop", n: int = 400, seed: int = 0, day: int = 1,
     surprise_rate: float = 0.0, varied_products: bool = False, slip_rate: float = 0.0,
     phrasing_share: float = 0.0, phrasings: str = "base", surprises: Surprises | None = None,
-    layout: str = "older",
+    layout: str = "older", popup_back_share: float = 0.0,
 ) -> tuple[list[Trajectory], ScreenTable, PileStats]:
     """The expert's demonstrations on ``world``'s train tasks: clean (no surprises) by
     default; ``surprise_rate`` scales the default surprise probabilities (0.1: a tenth of
@@ -262,7 +262,9 @@ def generate_demos(
     rephrase_tasks`: "Search costco.com for ...", "look for ... at ebay.com and click the
     first result"; ``phrasings`` names the set), as people phrase requests many ways.
     ``surprises``: the rates ``surprise_rate`` scales (None: :class:`Surprises`' defaults);
-    ``layout``: the phone's dialogs (:data:`~digirl_lite.envs.sim.world.LAYOUTS`)."""
+    ``layout``: the phone's dialogs (:data:`~digirl_lite.envs.sim.world.LAYOUTS`).
+    ``popup_back_share``: that share of pop-ups the demonstrator closes with BACK rather
+    than their X (:class:`~digirl_lite.envs.sim.agents.SlippingExpert`)."""
     tasks = None
     if varied_products or phrasing_share:
         from digirl_lite.envs.sim.tasks import load_task_file
@@ -276,8 +278,9 @@ def generate_demos(
 
             tasks = rephrase_tasks(tasks, phrasing_share, seed, TRAIN_PHRASING_SETS[phrasings])
     def demonstrator(i: int):
-        if slip_rate:
-            return SlippingExpert(slip_rate, seed=_episode_seed(seed + 11, i))
+        if slip_rate or popup_back_share:
+            return SlippingExpert(slip_rate, seed=_episode_seed(seed + 11, i),
+                                  popup_back_share=popup_back_share)
         return ScriptedExpert()
 
     return _run("demo", world, n, seed, demonstrator,

@@ -316,6 +316,10 @@ class DigiRLConfig:
     (``sim_surprises``: sponsored rows are a current layout the recordings never saw).
     "live": the live phone itself (its day, ``sim_surprises`` included), its rates scaled by
     ``sft_surprise_rate``."""
+    sft_popup_back_share: float = 0.0
+    """The share of pop-ups the demonstrators closed with BACK rather than the dialog's X
+    (issue 47): people close a dialog either way, and BACK works wherever a layout puts the
+    buttons. 0 (the shipped policies): always the X."""
     sft_slip_rate: float = 0.0
     """Slips in the demonstrations (issue 16, item 6): the demonstrator slips at this rate
     per step (a wrong tap, a stray tap on the microphone) and recovers, as people do in
@@ -796,9 +800,10 @@ class DigiRLConfig:
             raise ConfigError("phrasing_share: rephrasing train tasks is the simulated "
                               f"phone's (env='sim'), not env={self.env!r}'s")
         self._sim_name("sft_phone", SFT_PHONES)
-        if not 0 <= self.sft_slip_rate <= 1:
-            raise ValueError(f"sft_slip_rate must be a probability in [0, 1], got "
-                             f"{self.sft_slip_rate}")
+        for name in ("sft_slip_rate", "sft_popup_back_share"):
+            if not 0 <= getattr(self, name) <= 1:
+                raise ValueError(f"{name} must be a probability in [0, 1], got "
+                                 f"{getattr(self, name)}")
         if self.sim_surprises:
             if self.env != "sim":
                 raise ConfigError(f"sim_surprises: the simulated phone's (env='sim'), not "
@@ -961,26 +966,25 @@ class DigiRLConfig:
 
     def _check_on_policy(self) -> None:
         """PPO's and GRPO's ratio divides the model's own probability of each recorded token
-        (temperature 1, no mask, the actor's precision) by the one recorded at sampling: the
-        two must be the same distribution before any update, or the ratio is off from the
-        first step (measured on an untrained policy: up to 2.4 nats per token apart at
-        temperature 0.7, 10.6 under the grammar mask, whose recorded probabilities are always
-        the larger, so every negative advantage is clipped away; bf16 scoring put 2.5% of the
-        shipped policy's tokens outside [0.8, 1.2] before any update)."""
+        (temperature 1, the actor's precision, the sampling's masks: the Auto-UI policy puts
+        the grammar and the copy mask again when it scores, issue 47) by the one recorded at
+        sampling: the two must be the same distribution before any update, or the ratio is
+        off from the first step (measured on an untrained policy: up to 2.4 nats per token
+        apart at temperature 0.7, 10.6 under the grammar mask scored without it, whose
+        recorded probabilities are always the larger, so every negative advantage is clipped
+        away; bf16 scoring put 2.5% of the shipped policy's tokens outside [0.8, 1.2] before
+        any update)."""
         a = self.algorithm
         if self.temperature != 1.0:
             raise ConfigError(f"temperature={self.temperature}: algorithm={a!r} scores the "
                               "recorded tokens at temperature 1 (greedy decoding records no "
                               "log-probabilities at all); sample at temperature 1")
-        if self.constrained_decoding:
-            raise ConfigError(f"constrained_decoding: algorithm={a!r} needs the recorded "
-                              "log-probabilities under the distribution it scores, and the "
-                              "grammar mask changes them; run it with constrained_decoding "
-                              "false")
-        if self.copy_typed_text:
-            raise ConfigError(f"copy_typed_text: algorithm={a!r} needs the recorded "
-                              "log-probabilities under the distribution it scores, and the "
-                              "copy mask changes them; run it with copy_typed_text false")
+        for name in ("constrained_decoding", "copy_typed_text"):
+            if getattr(self, name) and self.policy != "autoui":
+                raise ConfigError(f"{name}: algorithm={a!r} scores the recorded tokens under "
+                                  "the sampling's masks, which the Auto-UI policy puts again "
+                                  f"(policy='autoui'), not policy={self.policy!r}; run it "
+                                  f"with {name} false")
         if self.goal_token_dropout:
             raise ConfigError(f"goal_token_dropout={self.goal_token_dropout}: algorithm={a!r} "
                               "scores the sampled tokens in training mode, where the dropped "

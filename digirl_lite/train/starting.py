@@ -86,6 +86,8 @@ def sft_key(cfg: Any) -> str:
                        c.sft_batch, c.sft_lr, c.sft_surprise_rate, c.sft_varied_products,
                        c.sft_copy_updates, c.sft_copy_share, *policy,
                        *((("slip", c.sft_slip_rate),) if c.sft_slip_rate else ()),
+                       *((("popup_back", c.sft_popup_back_share),)
+                         if c.sft_popup_back_share else ()),
                        *((("phone", c.sft_phone, c.day, sorted(c.sim_surprises.items()),
                             c.sim_layout),)
                          if c.sft_phone != "older" else ()),
@@ -113,7 +115,7 @@ def save_starting_policy(policy: Any, cfg: Any, directory: str | Path) -> Path:
         "sft_varied_products": cfg.sft_varied_products,
         "sft_copy_updates": cfg.sft_copy_updates,
         "sft_copy_share": cfg.sft_copy_share, "sft_slip_rate": cfg.sft_slip_rate,
-        "sft_phone": cfg.sft_phone,
+        "sft_popup_back_share": cfg.sft_popup_back_share, "sft_phone": cfg.sft_phone,
         "sft_phrasing_share": cfg.sft_phrasing_share, "train_phrasings": cfg.train_phrasings,
         "goal_features": cfg.goal_features,
         "goal_token_dropout": cfg.goal_token_dropout,
@@ -181,6 +183,7 @@ def train_sft(cfg: Any, features: Any, *, device: Any = "cpu", process_index: in
                                         surprise_rate=c.sft_surprise_rate,
                                         varied_products=c.sft_varied_products,
                                         slip_rate=c.sft_slip_rate,
+                                        popup_back_share=c.sft_popup_back_share,
                                         phrasing_share=c.sft_phrasing_share,
                                         phrasings=c.train_phrasings,
                                         **demo_phone(c))

@@ -509,6 +509,15 @@ class Trainer:
                                 self.cfg.constrained_decoding, self.copy_text(),
                                 self.cfg.typed_span_once)
 
+    def sampling_masks(self) -> Any:
+        """The :class:`~digirl_lite.policy.base.Masks` this run's agent samples under (an
+        on-policy learner scores the recorded tokens under the same)."""
+        from digirl_lite.policy.base import Masks
+
+        c = self.cfg
+        return Masks(c.constrained_decoding, self.copy_text(), c.typed_span_once,
+                     c.max_new_tokens)
+
     def copy_text(self) -> Any:
         """What the sampling's copy mask gets: False (none), True (any span) or the run's
         span extractor (``typed_span_extractor``; built once, cached by key)."""

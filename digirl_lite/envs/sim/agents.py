@@ -135,17 +135,25 @@ class ScriptedExpert:
 
 class SlippingExpert:
     """The expert recording a demonstration: it slips at ``slip_rate`` per step (not on a
-    stop action, and only on a clean screen) and recovers as the expert does.
+    stop action, and only on a clean screen) and recovers as the expert does; and it closes
+    a share ``popup_back_share`` of pop-ups with BACK instead of their X, as people closing
+    a dialog do either (issue 47: a way back that does not depend on where a layout puts the
+    dialog's buttons).
 
     Args:
         slip_rate: probability per step of a slip (:func:`slip_action`).
-        seed: seeds the slips.
+        seed: seeds the slips and the pop-ups' choice.
+        popup_back_share: probability that a pop-up is closed with BACK (drawn once per
+            pop-up step, only while one is up: at 0 the draws are those of the slips alone).
     """
 
-    def __init__(self, slip_rate: float = DEFAULT_SLIP_RATE, seed: int | None = 0) -> None:
-        if not 0.0 <= slip_rate <= 1.0:
-            raise ValueError(f"slip_rate must be in [0, 1], got {slip_rate}")
+    def __init__(self, slip_rate: float = DEFAULT_SLIP_RATE, seed: int | None = 0,
+                 popup_back_share: float = 0.0) -> None:
+        for name, v in (("slip_rate", slip_rate), ("popup_back_share", popup_back_share)):
+            if not 0.0 <= v <= 1.0:
+                raise ValueError(f"{name} must be in [0, 1], got {v}")
         self.slip_rate = slip_rate
+        self.popup_back_share = popup_back_share
         self.rng = np.random.default_rng(seed)
         self.slip_steps: list[int] = []  # steps of the current episode where it slipped
 
@@ -154,6 +162,9 @@ class SlippingExpert:
             raise TypeError("SlippingExpert needs the simulator's state in obs.state")
         if obs.step == 0:
             self.slip_steps = []
+        if (self.popup_back_share and obs.state.overlay == "popup" and not obs.state.loading
+                and self.rng.random() < self.popup_back_share):
+            return format_action(Action.key(ActionType.PRESS_BACK))
         intended = expert_action(obs.state, _task_of(obs))
         if (self.slip_rate and not intended.ends_episode and obs.state.clean
                 and self.rng.random() < self.slip_rate):
