@@ -151,13 +151,20 @@ def test_layout_and_demonstration_phone_are_checked_by_name_and_reach_the_phones
 
 
 def test_the_paper_setting_config_loads_on_both_worlds():
-    """recipes/configs/paper_setting.json (the grids' setting) builds a config on each world:
-    the shipped starting policy, today's layout, the copy path."""
+    """recipes/configs/paper_setting.json (the paper2 grids' setting) builds a config on each
+    world: a starting policy fine-tuned on the older phone's demonstrations, half their
+    pop-ups closed with BACK, today's layout, the copy path; the first design
+    (paper_setting_v1.json: the shipped policies) still loads, with the shipped keys."""
     from digirl_lite.train.config import load_config
+    from digirl_lite.train.starting import sft_key
 
+    configs = ROOT / "recipes" / "configs"
     for world in ("webshop", "general"):
-        cfg = load_config(ROOT / "recipes" / "configs" / "paper_setting.json", world=world)
-        assert (cfg.starting_policy, cfg.sim_layout, cfg.sft_phone) == (
-            "shipped", "current", "older")
+        cfg = load_config(configs / "paper_setting.json", world=world)
+        assert (cfg.starting_policy, cfg.sim_layout, cfg.sft_phone,
+                cfg.sft_popup_back_share) == ("sft", "current", "older", 0.5)
         assert cfg.copy_typed_text and cfg.constrained_decoding
         assert cfg.sim_surprises == {"popup": 0.4, "sponsored": 0.3}
+        v1 = load_config(configs / "paper_setting_v1.json", world=world)
+        assert (v1.starting_policy, v1.sft_popup_back_share) == ("shipped", 0.0)
+        assert sft_key(v1) != sft_key(cfg)
