@@ -249,6 +249,7 @@ class PPO(Learner):
         rows = self.normalised_advantages(rows)
         weights = self.policy_loss_weights(rows)
         ref = ref_lp if c.kl_reference == "start" else None
+        masks = run.sampling_masks()
         done: list[list[dict[str, float]]] = []
         with actor_precision(self.policy, c.actor_precision):
             for _ in run._iter(passes, "policy passes"):
@@ -262,7 +263,7 @@ class PPO(Learner):
                         kl_coef=c.kl_coef, grad_clip=c.actor_grad_clip,
                         negative_scale=c.negative_advantage_scale,
                         value_grad_clip=c.value_grad_clip if self.value_coef_applies
-                        else None, masks=run.sampling_masks()))
+                        else None, masks=masks))
         stats = done[-1]
         # kl_ref is NaN in every minibatch without a reference: left out
         out = {k: round(float(np.mean([s[k] for s in stats])), 4) for k in stats[0]

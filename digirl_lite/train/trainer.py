@@ -503,11 +503,11 @@ class Trainer:
             self._release_folder()
 
     def agent(self, screens: ScreenTable | None = None) -> PolicyBatchAgent:
+        m = self.sampling_masks()  # what an on-policy learner scores under, too
         return PolicyBatchAgent(self.policy, self.features,
                                 screens if screens is not None else self.screens,
-                                self.cfg.temperature, self.cfg.max_new_tokens,
-                                self.cfg.constrained_decoding, self.copy_text(),
-                                self.cfg.typed_span_once)
+                                self.cfg.temperature, m.max_new_tokens, m.constrained,
+                                m.copy_text, m.copy_once)
 
     def sampling_masks(self) -> Any:
         """The :class:`~digirl_lite.policy.base.Masks` this run's agent samples under (an
