@@ -409,3 +409,33 @@ def test_the_expert_solves_the_general_split_tasks():
         wins = sum(play(env, ScriptedExpert(), task, seed=i)[0] > 0
                    for i, task in enumerate(env.tasks[:24]))
         assert wins == 24, split
+
+
+def test_a_search_succeeds_on_its_content_words_as_the_split_defines_the_same_search():
+    """The world's success check and the split agree on what the same search is: the results
+    for an unseen phrasing's own query (its span: "look up X" types X) answer the test line it
+    rephrases, and a query that drops or changes a content word is mistyped. Web Shopping
+    keeps its exact check (a shop's results depend on every word)."""
+    from dataclasses import replace
+
+    from digirl_lite.envs.sim.phrasings import general_content_words
+    from digirl_lite.envs.sim.world import Page, PhoneState, failure_cause, is_success
+
+    def on_results(query: str) -> PhoneState:
+        return PhoneState(page=Page(app="chrome", kind="google_results", query=query))
+
+    pairs = [(parse_task(a), parse_task(b))
+             for a, b in zip(GENERAL["test"], GENERAL["unseen_phrasings"])]
+    searches = [(a, b) for a, b in pairs if a.kind == "search"]
+    assert len(searches) > 20
+    for a, b in searches:
+        assert is_success(on_results(b.query), a) and is_success(on_results(a.query), b), (a, b)
+        words = b.query.split()
+        cut = " ".join(w for w in words if w.lower().strip("?.,!") != sorted(
+            general_content_words(a.query))[0])
+        assert not is_success(on_results(cut), a), (a.text, cut)
+        assert failure_cause(on_results(cut), a, typed=(cut,)) == "mistyped"
+    shop = next(t for t in map(parse_task, TEST_LINES) if t.query)
+    page = Page(app="chrome", kind="shop_results", site=shop.site, query=f"the {shop.query}")
+    assert is_success(PhoneState(page=replace(page, query=shop.query)), replace(shop, level=2))
+    assert not is_success(PhoneState(page=page), replace(shop, level=2))

@@ -27,7 +27,7 @@ import numpy as np
 from digirl_lite.actions import Action, ActionType, format_action, to_gesture
 from digirl_lite.envs.base import Observation
 from digirl_lite.envs.sim.catalog import SITES
-from digirl_lite.envs.sim.tasks import Task, normalize_query, parse_task
+from digirl_lite.envs.sim.tasks import Task, parse_task
 from digirl_lite.envs.sim.world import (
     HEIGHT,
     WIDTH,
@@ -37,6 +37,7 @@ from digirl_lite.envs.sim.world import (
     initial_state,
     is_success,
     layout,
+    same_query,
     transition,
 )
 
@@ -94,8 +95,8 @@ def expert_action(state: PhoneState, task: Task) -> Action:
         return _tap(find(state, "icon:chrome")) if p.kind == "launcher" else home
     if p.kind == "shop_product":
         return Action.key(ActionType.PRESS_BACK)
-    same_query = normalize_query(p.query or "") == normalize_query(task.query or "")
-    if task.level == 3 and p.kind == "shop_results" and same_query and state.focus is None:
+    if (task.level == 3 and p.kind == "shop_results" and same_query(p.query or "", task)
+            and state.focus is None):
         first = find(state, "result:0")
         if first is None:  # scrolled away: swipe down to bring the top of the list back
             return Action.swipe(x0=0.5, y0=0.35, x1=0.5, y1=0.75)

@@ -32,7 +32,7 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = [
     "WIDTH", "HEIGHT", "LAYOUTS", "Surprises", "Page", "PhoneState", "Element",
     "initial_state", "minimal_reset", "apply_phase", "phase_reached", "layout", "hit_test",
-    "transition", "is_success", "reached_first_milestone", "results_for",
+    "transition", "is_success", "same_query", "reached_first_milestone", "results_for",
     "surprises_between", "find", "is_tappable", "ui_nodes", "RECOVERIES",
     "recoveries_between", "FAILURE_CAUSES", "failure_cause",
     "N_RESULTS",
@@ -789,9 +789,8 @@ def failure_cause(state: PhoneState, task: Task, typed: tuple[str, ...] = (),
         return "voice_not_left"
     if state.loading:
         return "blank_page"
-    want = normalize_query(task.query or "")
     sites = {SITES[s].domain for s in SITES}
-    if task.query and any(normalize_query(q) != want and normalize_query(q) not in sites
+    if task.query and any(not same_query(q, task) and normalize_query(q) not in sites
                           for q in typed):
         return "mistyped"
     p = state.page
@@ -821,34 +820,48 @@ def reached_first_milestone(state: PhoneState, task: Task) -> bool:
     return p.app == task.app
 
 
+def same_query(typed: str, task: Task) -> bool:
+    """Does the query ``typed`` ask what ``task`` asks? A General search: the same content
+    words (:func:`~digirl_lite.envs.sim.phrasings.general_content_words`, the words less
+    question words, articles and asking verbs), which is how the held-out phrasings define
+    the same search and how a judge reading the results page reads it: "look up the capital
+    of Croatia" and "What is the capital of Croatia?" ask the same. Web Shopping: the same
+    words (:func:`~digirl_lite.envs.sim.tasks.normalize_query`), since a shop's results
+    depend on every word."""
+    from digirl_lite.envs.sim.tasks import normalize_query
+
+    if task.kind == "search":
+        from digirl_lite.envs.sim.phrasings import general_content_words
+
+        return general_content_words(typed) == general_content_words(task.query or "")
+    return normalize_query(typed) == normalize_query(task.query or "")
+
+
 def is_success(state: PhoneState, task: Task) -> bool:
     """The task's success predicate on the simulator's state, as seen on screen.
 
     Web Shopping: level 1, any page of the right site; level 2, that site's results for the
     task's query; level 3, the product page of the first entry of those results (as
-    displayed). Search: Google's results for the query, or a result opened from them. Open
-    app: that app in the foreground. Nothing counts while a pop-up, voice input or a blank
-    page hides the screen.
+    displayed). Search: Google's results for a query with the task's content words
+    (:func:`same_query`), or a result opened from them. Open app: that app in the
+    foreground. Nothing counts while a pop-up, voice input or a blank page hides the screen.
     """
-    from digirl_lite.envs.sim.tasks import normalize_query
-
     if state.loading or state.overlay in ("popup", "voice"):
         return False
     p = state.page
     if task.kind == "open_app":
         return p.app == task.app
     if task.kind == "search":
-        return (p.kind in ("google_results", "web_result")
-                and normalize_query(p.query or "") == normalize_query(task.query or ""))
+        return p.kind in ("google_results", "web_result") and same_query(p.query or "", task)
     if task.kind == "webshop":
         if p.site != task.site:
             return False
         if task.level == 1:
             return True
-        same_query = normalize_query(p.query or "") == normalize_query(task.query or "")
+        same = same_query(p.query or "", task)
         if task.level == 2:
-            return p.kind == "shop_results" and same_query
-        return (p.kind == "shop_product" and same_query and bool(p.order)
+            return p.kind == "shop_results" and same
+        return (p.kind == "shop_product" and same and bool(p.order)
                 and p.item == p.order[0])
     raise ValueError(f"unknown task kind {task.kind!r}")
 
