@@ -9,6 +9,11 @@ demonstrations, saved with the SFT settings it was built under.
 
 The main job loads it with ``starting_policy="shipped"`` (the sim_webshop preset, on either
 world) and refuses it if the config's SFT settings differ from those it was built with.
+Another setting's starting policy ships beside it under its SFT key, where "shipped" finds it
+(``digirl_lite.train.starting.shipped_policy_dir``; the key is in the refusal's message)::
+
+    python recipes/make_starting_policy.py --config recipes/configs/paper_setting.json \
+        --world general --out <assets>/policies/sft-KEY
 """
 
 from __future__ import annotations

@@ -106,7 +106,8 @@ def test_bad_config_values_are_refused(tmp_path):
 @pytest.mark.slow
 def test_shipped_starting_policy_guard(tmp_path, monkeypatch):
     """"shipped" loads <data>/policies/sft-<world> only if it was built with this config's SFT
-    settings, and says how to build it when it is missing."""
+    settings, and says how to build it when it is missing; another setting's policy shipped
+    as policies/sft-<its key> (the paper setting's) is found by its key."""
     shipped = data_dir()  # the package's assets, before $DIGIRL_LITE_DATA replaces them
     data = tmp_path / "data"
     data.mkdir()
@@ -129,8 +130,20 @@ def test_shipped_starting_policy_guard(tmp_path, monkeypatch):
     assert differ == [], f"the loaded policy differs from the one built in {differ}"
     other = Trainer(sim_quick(**{**TINY, "sft_updates": 6, "starting_policy": "shipped"}),
                     tmp_path / "c", cache_dir=None, progress=False)
-    with pytest.raises(ValueError, match="other SFT settings"):
+    with pytest.raises(ValueError, match="other SFT settings") as err:
         other.build_starting_policy()
+    from digirl_lite.train.starting import sft_key
+
+    key = sft_key(other.cfg)
+    assert f"policies/sft-{key}" in str(err.value)  # where to ship it
+    c = Trainer(sim_quick(**{**TINY, "sft_updates": 6}), tmp_path / "d", cache_dir=None,
+                progress=False)
+    c.build_starting_policy()
+    c.save_starting_policy(data / "policies" / f"sft-{key}")
+    other.build_starting_policy()
+    assert torch.equal(next(iter(other.policy.model.state_dict().values())),
+                       next(iter(c.policy.model.state_dict().values())))
+    t.build_starting_policy()  # the main job's still loads its own
 
 
 @pytest.mark.slow

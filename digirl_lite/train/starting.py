@@ -16,7 +16,8 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["sft_key", "starting_policy", "train_sft", "save_starting_policy", "span_extractor"]
+__all__ = ["sft_key", "shipped_policy_dir", "starting_policy", "train_sft", "save_starting_policy",
+           "span_extractor"]
 
 SPAN_EXTRACTOR_STEPS, SPAN_EXTRACTOR_DRILLS = 300, 0
 """The span extractor's fine-tuning: updates of 32 pairs, and the copy drills beside the
@@ -123,21 +124,39 @@ def save_starting_policy(policy: Any, cfg: Any, directory: str | Path) -> Path:
     return d
 
 
+def shipped_policy_dir(cfg: Any) -> Path:
+    """The shipped starting policy for ``cfg`` in :func:`~digirl_lite.paths.data_dir` (the
+    package's ``assets/``): ``policies/sft-<world>`` (the main job's), else
+    ``policies/sft-<key>`` for another setting's SFT key (:func:`sft_key`; the paper
+    setting's, built by ``recipes/make_starting_policy.py --out`` there). The first when
+    neither is there, so that the error names the main job's."""
+    from digirl_lite.paths import data_dir
+
+    policies = data_dir() / "policies"
+    default, keyed = policies / f"sft-{cfg.world}", policies / f"sft-{sft_key(cfg)}"
+    if keyed.is_dir() and not _built_with(default, sft_key(cfg)):
+        return keyed
+    return default
+
+
+def _built_with(directory: Path, key: str) -> bool:
+    meta = directory / "sft.json"
+    return meta.is_file() and json.loads(meta.read_text()).get("key") == key
+
+
 def starting_policy(cfg: Any, *, features: Any, cache_dir: Path | None, device: Any,
                     process_index: int = 0, accelerator: Any = None,
                     log: Callable[..., None] = lambda **kw: None,
                     bar: Callable[[int, str], Any] | None = None,
                     is_main: bool = True) -> tuple[Any, float | None]:
-    """``cfg.starting_policy`` "shipped" (``policies/sft-<world>`` in
-    :func:`~digirl_lite.paths.data_dir`, the package's ``assets/``; it must have been built
-    with this config's SFT settings) or "sft" (cached by key in ``cache_dir``, else trained
-    here). Returns (policy, seconds of SFT or None when loaded)."""
-    from digirl_lite.paths import data_dir
+    """``cfg.starting_policy`` "shipped" (:func:`shipped_policy_dir`: built with this
+    config's SFT settings) or "sft" (cached by key in ``cache_dir``, else trained here).
+    Returns (policy, seconds of SFT or None when loaded)."""
     from digirl_lite.policy.factory import load_kwargs, load_policy
 
     src = cfg.starting_policy
     key = sft_key(cfg)
-    cached = (data_dir() / "policies" / f"sft-{cfg.world}" if src == "shipped"
+    cached = (shipped_policy_dir(cfg) if src == "shipped"
               else cache_dir / f"sft-{key}" if cache_dir else None)
     meta = cached / "sft.json" if cached is not None else None
     if meta is not None and meta.is_file():
@@ -145,7 +164,10 @@ def starting_policy(cfg: Any, *, features: Any, cache_dir: Path | None, device: 
         if made != key:
             raise ValueError(
                 f"{cached} was built with other SFT settings (key {made}, this run {key}); "
-                "rebuild it with recipes/make_starting_policy.py or set starting_policy='sft'")
+                "set starting_policy='sft' (built here, cached by key), or build it with "
+                "recipes/make_starting_policy.py, for a setting other than the main job's with "
+                f"--out {cached.parent}/sft-{key}" if src == "shipped" else
+                f"{cached} was built with other SFT settings (key {made}, this run {key})")
         log(stage="sft", loaded=str(cached))
         policy = load_policy(cached, **load_kwargs(cfg))
         policy.value_head_fresh = True  # SFT never trains the value head: it is a fresh one
