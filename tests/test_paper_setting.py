@@ -151,10 +151,12 @@ def test_layout_and_demonstration_phone_are_checked_by_name_and_reach_the_phones
 
 
 def test_the_paper_setting_config_loads_on_both_worlds():
-    """recipes/configs/paper_setting.json (the paper2 grids' setting) builds a config on each
-    world: a starting policy fine-tuned on the older phone's demonstrations, half their
-    pop-ups closed with BACK, today's layout, the copy path; the first design
-    (paper_setting_v1.json: the shipped policies) still loads, with the shipped keys."""
+    """recipes/configs/paper_setting.json (the paper3 grids' setting) builds a config on each
+    world: the shipped starting policy fine-tuned on the older phone's demonstrations (General:
+    about a third of their pop-ups closed with BACK; Web Shopping: none, per_world), today's
+    layout, the copy path; the first and second designs
+    (paper_setting_v1.json: the shipped policies; _v2: half closed with BACK) still load,
+    each with its own SFT key."""
     from digirl_lite.train.config import load_config
     from digirl_lite.train.starting import sft_key
 
@@ -162,9 +164,39 @@ def test_the_paper_setting_config_loads_on_both_worlds():
     for world in ("webshop", "general"):
         cfg = load_config(configs / "paper_setting.json", world=world)
         assert (cfg.starting_policy, cfg.sim_layout, cfg.sft_phone,
-                cfg.sft_popup_back_share) == ("sft", "current", "older", 0.5)
+                cfg.sft_popup_back_share) == ("shipped", "current", "older",
+                                              {"webshop": 0.0, "general": 0.35}[world])
+        from digirl_lite.train.starting import shipped_policy_dir
+
+        ships = shipped_policy_dir(cfg)  # a fresh clone loads it, no 75-min fine-tuning
+        assert ships.name == {"webshop": "sft-webshop",  # the main job's
+                              "general": f"sft-{sft_key(cfg)}"}[world]
+        assert json.loads((ships / "sft.json").read_text())["key"] == sft_key(cfg)
         assert cfg.copy_typed_text and cfg.constrained_decoding
         assert cfg.sim_surprises == {"popup": 0.4, "sponsored": 0.3}
         v1 = load_config(configs / "paper_setting_v1.json", world=world)
         assert (v1.starting_policy, v1.sft_popup_back_share) == ("shipped", 0.0)
-        assert sft_key(v1) != sft_key(cfg)
+        # Web Shopping's third-design start is the first design's (the shipped policy)
+        assert (sft_key(v1) == sft_key(cfg)) == (world == "webshop")
+        v2 = load_config(configs / "paper_setting_v2.json", world=world)
+        assert v2.sft_popup_back_share == 0.5 and sft_key(v2) not in (sft_key(v1), sft_key(cfg))
+
+
+def test_per_world_fields_of_a_config_file_apply_to_their_world_only(tmp_path):
+    """A config file's per_world adds its world's fields under the overrides; a world it
+    does not know, or a value that is not a dict of fields, is a ConfigError naming it."""
+    from digirl_lite.errors import ConfigError
+    from digirl_lite.train.config import load_config
+
+    p = tmp_path / "c.json"
+    p.write_text(json.dumps({"sft_popup_back_share": 0.35,
+                             "per_world": {"webshop": {"sft_popup_back_share": 0.0}}}))
+    assert load_config(p, world="webshop").sft_popup_back_share == 0.0
+    assert load_config(p, world="general").sft_popup_back_share == 0.35
+    assert load_config(p, world="webshop", sft_popup_back_share=0.5).sft_popup_back_share == 0.5
+    p.write_text(json.dumps({"per_world": {"shopping": {"seed": 1}}}))
+    with pytest.raises(ConfigError, match="per_world names unknown worlds"):
+        load_config(p)
+    p.write_text(json.dumps({"per_world": {"webshop": 0.0}}))
+    with pytest.raises(ConfigError, match="per_world must map"):
+        load_config(p)

@@ -42,10 +42,15 @@ def tiny_dirs(tmp_path_factory, tiny_blip2):
 @pytest.mark.parametrize("path", sorted((ROOT / "recipes" / "configs").glob("*.json")),
                          ids=lambda p: p.name)
 def test_shipped_configs_load_paths_aside(path):
-    """Every field of every shipped config is a DigiRLConfig field with a valid value, and
-    its android section parses into the classes that read it (paths are the user's)."""
+    """Every field of every shipped config (and of its per_world sections) is a DigiRLConfig
+    field with a valid value, and its android section parses into the classes that read it
+    (paths are the user's)."""
     d = {k: v for k, v in json.loads(path.read_text()).items() if not k.startswith("_")}
+    per_world = d.pop("per_world", {})
     cfg = PRESETS[d.pop("preset", "sim_webshop")](**d)
+    for world, fields in per_world.items():  # each world's fields on top
+        PRESETS[json.loads(path.read_text()).get("preset", "sim_webshop")](
+            **{**d, **fields, "world": world})
     if cfg.env == "android":
         plan = android_plan(cfg.android)
         assert plan.n >= 1

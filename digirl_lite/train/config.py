@@ -1227,8 +1227,9 @@ def sim_quick(**overrides: Any) -> DigiRLConfig:
 def load_config(path: str | Path, preset: str | None = None,
                 **overrides: Any) -> DigiRLConfig:
     """A JSON config file (DigiRLConfig fields; ``"preset": "sim_webshop" | "sim_quick" |
-    "paper"`` picks the base, ``preset`` overrides it), with ``overrides`` on top. Paths are
-    checked (:meth:`DigiRLConfig.check_paths`)."""
+    "paper"`` picks the base, ``preset`` overrides it; ``"per_world": {world: {fields}}``
+    adds the fields of the run's world), with ``overrides`` on top. Paths are checked
+    (:meth:`DigiRLConfig.check_paths`)."""
     p = Path(path)
     if not p.is_file():
         raise ConfigError(f"no config file {p}")
@@ -1242,8 +1243,19 @@ def load_config(path: str | Path, preset: str | None = None,
     base = {"sim_webshop": sim_webshop, "sim_quick": sim_quick, "paper": DigiRLConfig}
     if preset not in base:
         raise ConfigError(f"{p}: unknown preset {preset!r} (one of {sorted(base)})")
+    per_world = d.pop("per_world", {})
+    if not isinstance(per_world, dict) or not all(
+            isinstance(v, dict) for v in per_world.values()):
+        raise ConfigError(f"{p}: per_world must map a world name to a dict of fields, got "
+                          f"{per_world!r}")
     try:
         cfg = base[preset](**{**d, **overrides})
+        unknown = sorted(set(per_world) - {"webshop", "general"})
+        if unknown:
+            raise ValueError(f"per_world names unknown worlds {unknown} (one of general, "
+                             "webshop)")
+        if per_world.get(cfg.world):
+            cfg = base[preset](**{**d, **per_world[cfg.world], **overrides})
     except (TypeError, ValueError) as e:
         raise ConfigError(f"{p}: {e}") from None
     cfg.check_paths()
