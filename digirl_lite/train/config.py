@@ -18,6 +18,8 @@ __all__ = ["ConfigError", "DigiRLConfig", "load_config", "sim_webshop", "sim_qui
            "with_algorithm", "effective_fields", "EVAL_ONLY"]
 
 ALGORITHMS = ("digirl", "filtered_bc", "awr", "ppo", "grpo")
+WORLDS = ("general", "webshop")
+"""The simulated worlds (AitW's General and Web Shopping subsets): ``DigiRLConfig.world``."""
 STEP_FILTERS = ("paper", "released", "none")  # digirl_lite.filters.STEP_FILTERS
 LEARNERS = ("sync", "async")
 ACTOR_LR = {"digirl": 1e-4, "filtered_bc": 1e-4, "awr": 1e-4, "ppo": 1e-5, "grpo": 1e-5}
@@ -674,7 +676,7 @@ class DigiRLConfig:
         if isinstance(self.eval_splits, list):  # from JSON
             self.eval_splits = tuple(self.eval_splits)
         _check_types(self)
-        if self.world not in ("webshop", "general"):
+        if self.world not in WORLDS:
             raise ValueError(f"world must be 'webshop' or 'general', got {self.world!r}")
         if self.algorithm not in ALGORITHMS:
             raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {self.algorithm!r}")
@@ -1250,10 +1252,10 @@ def load_config(path: str | Path, preset: str | None = None,
                           f"{per_world!r}")
     try:
         cfg = base[preset](**{**d, **overrides})
-        unknown = sorted(set(per_world) - {"webshop", "general"})
+        unknown = sorted(set(per_world) - set(WORLDS))
         if unknown:
-            raise ValueError(f"per_world names unknown worlds {unknown} (one of general, "
-                             "webshop)")
+            raise ValueError(f"per_world names unknown worlds {unknown} (one of "
+                             f"{', '.join(WORLDS)})")
         if per_world.get(cfg.world):
             cfg = base[preset](**{**d, **per_world[cfg.world], **overrides})
     except (TypeError, ValueError) as e:

@@ -132,9 +132,9 @@ def shipped_policy_dir(cfg: Any) -> Path:
     neither is there, so that the error names the main job's."""
     from digirl_lite.paths import data_dir
 
-    policies = data_dir() / "policies"
-    default, keyed = policies / f"sft-{cfg.world}", policies / f"sft-{sft_key(cfg)}"
-    if keyed.is_dir() and not _built_with(default, sft_key(cfg)):
+    policies, key = data_dir() / "policies", sft_key(cfg)
+    default, keyed = policies / f"sft-{cfg.world}", policies / f"sft-{key}"
+    if keyed.is_dir() and not _built_with(default, key):
         return keyed
     return default
 
