@@ -1184,6 +1184,9 @@ def make_table(spec: GridSpec, results: dict[str, list[dict[str, Any]]]) -> dict
     general = {name: {st: g for st in spec.stages if (g := split_stats(recs, st))}
                for name, recs in results.items()}
     return {"grid": spec.name, "description": spec.description,
+            # arms whose DarwinX teacher reads the simulator's state: the title says so
+            "privileged": [a.name for a in spec.arms
+                           if a.set.get("teacher") == "privileged_expert"],
             "command": f"python benchmarks/grid.py {spec.name}",
             "stages": list(spec.stages), "reference": ref, "arms": arms,
             "differences_from_reference": diffs,
@@ -1295,7 +1298,9 @@ def _true_cell(true: dict[str, Any] | None) -> str:
 
 def table_markdown(t: dict[str, Any]) -> str:
     truth = any(s and s.get("true") for a in t["arms"].values() for s in a["stages"].values())
-    out = [f"# Grid `{t['grid']}`", ""]
+    priv = t.get("privileged")
+    out = [f"# Grid `{t['grid']}`" + (f" (privileged teacher: {', '.join(priv)})" if priv
+                                      else ""), ""]
     if t["description"]:
         out += [t["description"], ""]
     out += [f"Reproduce: `{t['command']}` (resumes; `--table` rebuilds this table from the "

@@ -9,6 +9,9 @@ Their final variants v1 and v2 are merged (H0 (+) Delta_1 (+) Delta_2,
 the union of their solved sets (avg@k >= 1/2 on each task of it, both families' evolution
 tasks at fresh seeds). Held-out pass@1 on the first ``--eval-tasks`` test tasks is measured
 for H0, v1, v2 and the merged child (the same seeds and sampling noise for all four).
+``--teacher`` picks DarwinX's teacher (:mod:`digirl_lite.harness.teachers`); the committed
+``merge_seed*.json`` ran before the option, with the simulator's expert: rerun them with
+``--teacher privileged_expert``.
 
     python benchmarks/harness_merge.py --seed S --out benchmarks/results/harness/merge_seedS.json
     python benchmarks/harness_merge_table.py benchmarks/results/harness/merge_seed*.json
@@ -24,6 +27,8 @@ import sys
 import time
 from pathlib import Path
 
+from digirl_lite.harness.teachers import TEACHERS
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -37,9 +42,10 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--k", type=int, default=3, help="avg@k of the merge check")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--n-envs", type=int, default=16)
+    ap.add_argument("--teacher", choices=TEACHERS, default="screen",
+                    help="DarwinX's teacher (privileged_expert reads the simulator's state)")
     args = ap.parse_args(argv)
 
-    from digirl_lite.envs.sim.agents import ScriptedExpert
     from digirl_lite.envs.sim.env import SimEnvFactory, SimPhoneEnv
     from digirl_lite.envs.sim.tasks import parse_task
     from digirl_lite.harness.darwinx import DarwinX, avg_at_k, merge, select_parent, solved_set
@@ -47,8 +53,8 @@ def main(argv: list[str] | None = None) -> dict:
     from digirl_lite.harness.harness import Harness
     from digirl_lite.harness.proposers import ScriptedProposer
     from digirl_lite.harness.runner import HarnessRunner, evolution_tasks
+    from digirl_lite.harness.teachers import make_teacher, teacher_label
     from digirl_lite.rollout.factory import make_fleet
-    from digirl_lite.rollout.fleet import ScriptedBatchAgent
 
     t0 = time.time()
     test = [t.text for t in SimPhoneEnv._load_task_list("webshop_test")]
@@ -57,7 +63,8 @@ def main(argv: list[str] | None = None) -> dict:
            "B": [t for t in pool if parse_task(t).level == 3][:args.tasks]}
     make, _, policy = _agent_factory(EvolveConfig())
     fleet = make_fleet("sync", SimEnvFactory(tasks="webshop", ui_tree=True), args.n_envs)
-    teacher = ScriptedBatchAgent(lambda slot: ScriptedExpert())
+    teacher = make_teacher(args.teacher)
+    print(f"E4 merge, seed {args.seed}: {teacher_label(args.teacher)}", flush=True)
     work = ROOT / args.work
     variants, solved, runs = {}, {}, {}
     for name, tasks in fam.items():
@@ -107,7 +114,8 @@ def main(argv: list[str] | None = None) -> dict:
                                  "benchmarks/harness_merge.py"], cwd=ROOT,
                                 capture_output=True, text=True).stdout.strip())
     record = {"command": "python benchmarks/harness_merge.py " + " ".join(argv or sys.argv[1:]),
-              "git": {"commit": commit, "dirty": dirty}, "policy": policy, "families": runs,
+              "git": {"commit": commit, "dirty": dirty}, "policy": policy,
+              "teacher": args.teacher, "families": runs,
               "merge": {k: v for k, v in result.items() if k != "child"},
               "merged_edits": (result["child"] or {}).get("edits"),
               "parents_on_the_union": cross, "held_out": held,

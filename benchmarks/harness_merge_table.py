@@ -48,7 +48,12 @@ def table(records: list[dict]) -> str:
     commits = {r["git"]["commit"] + ("-dirty" if r["git"]["dirty"] else "") for r in records}
     if len(commits) > 1:
         raise SystemExit(f"the records come from different commits: {sorted(commits)}")
-    lines = ["# E4: merging variants evolved on different task families (issue 30)", "",
+    from digirl_lite.harness.teachers import teacher_label
+
+    # records from before the option ran with the simulator's expert
+    teachers = {r.get("teacher", "privileged_expert") for r in records}
+    lines = ["# E4: merging variants evolved on different task families (issue 30; "
+             + ", ".join(teacher_label(t) for t in sorted(teachers)) + ")", "",
              f"Code: commit `{commits.pop()}`; one command per seed (`{records[0]['command']}`"
              " and its `--seed` siblings). Held-out: pass@1 on the first 96 Web Shopping test "
              "tasks, the same env seeds and sampling noise for the four harnesses of a seed.",

@@ -3,6 +3,7 @@
     python recipes/evolve_harness.py --quick            # a small evolution, a few minutes
     python recipes/evolve_harness.py                    # E1's run: budget 1500 episodes
     python recipes/evolve_harness.py --set accept='"minibatch_sum"' --seed 1
+    python recipes/evolve_harness.py --set teacher=none     # no teacher-derived evidence
     python recipes/evolve_harness.py --resume --out runs/evolve   # after a crash or kill -9
 
 The frozen agent is the shipped starting policy of ``--world`` (or ``starting_policy``; or a
@@ -11,7 +12,10 @@ weights. The run measures its held-out success (the first ``eval_tasks`` test ta
 episode each), alone and with the policy's grammar mask (the decoding baseline), evolves its
 harness on tasks written from the simulator's site and app descriptions (never the test
 list) for ``budget`` episodes, and measures the evolved harness on the same held-out tasks
-and seeds. Fields (``--set FIELD=JSON``): see ``digirl_lite.harness.evolve.EvolveConfig``.
+and seeds. The teacher of tasks the agent never solved acts from the screen alone
+(``teacher="screen"``); the simulator's state-reading expert only as
+``teacher="privileged_expert"``, and then every report says "privileged". Fields
+(``--set FIELD=JSON``): see ``digirl_lite.harness.evolve.EvolveConfig``.
 Writes OUT/summary.json, report.md, lineage.png, metrics.jsonl and darwinx/.
 """
 
@@ -24,6 +28,7 @@ from pathlib import Path
 
 from digirl_lite.errors import ConfigError
 from digirl_lite.harness.evolve import QUICK, EvolveConfig, run_evolution
+from digirl_lite.harness.teachers import teacher_label
 from digirl_lite.train.evaluate import stage_rates
 
 
@@ -66,7 +71,8 @@ def main(argv: list[str] | None = None) -> dict:
     except ConfigError as e:
         sys.exit(f"config error: {e}")
     st = summary["stages"]
-    print(" | ".join(f"{k} {stage_rates(v)}" for k, v in st.items())
+    print(f"[{teacher_label(cfg.teacher)}] "
+          + " | ".join(f"{k} {stage_rates(v)}" for k, v in st.items())
           + f" | rules decided {100 * st['evolved']['decided']['rule']:.1f}% of the evolved "
             f"harness's steps; report: {Path(args.out) / 'report.md'}")
     return summary

@@ -1410,14 +1410,10 @@ def validate(eu: ExperienceUnit, runner: Runner, tasks_seeds: Sequence[tuple[str
 # from a fleet's episodes
 # ---------------------------------------------------------------------------------------
 def _episode_nodes(episode: Any, n: int) -> list[tuple[Any, ...] | None]:
-    """Each step's UI tree: the simulator's states give it (``world.ui_nodes``)."""
-    states = list(getattr(episode, "states", None) or [])
-    if not states or states[0] is None:
-        return [None] * n
-    from digirl_lite.envs.sim.world import PhoneState, ui_nodes
-
-    return [tuple(ui_nodes(s)) if isinstance(s, PhoneState) else None
-            for s in (states + [None] * n)[:n]]
+    """Each step's UI tree as the agent saw it (``Episode.trees``: the environment reads it
+    with ``ui_tree`` on; never the simulator's state)."""
+    trees = list(getattr(episode, "trees", None) or [])
+    return [tuple(t) if t is not None else None for t in (trees + [None] * n)[:n]]
 
 
 def traces_from_episodes(episodes: Sequence[Any], width: int = 1080, height: int = 2280,

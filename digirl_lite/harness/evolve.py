@@ -45,6 +45,11 @@ class EvolveConfig:
         agent_backend: the prompted agent's backend (``{"backend": "gemini" | "openai",
             ...}``, :func:`digirl_lite.judge.backends.make_backend`).
         proposer: "scripted" or "llm" (``proposer_backend``).
+        teacher: who plays reference episodes of the evolution tasks the agent never solved
+            (:mod:`digirl_lite.harness.teachers`): "screen" (an agent acting from the UI
+            tree alone, as a deployed agent sees the phone, and it can fail), "none", or
+            "privileged_expert" (the simulator's expert, which reads its internal state:
+            the report and the log say "privileged"; issue 48).
         accept: "gate" (DarwinX), "minibatch_sum" (GEPA's default) or "all".
         budget: episodes the evolution may use (screening, probes, confirmations, teacher).
         evo_tasks: evolution tasks, written from the simulator's descriptions.
@@ -69,6 +74,7 @@ class EvolveConfig:
     agent_backend: dict[str, Any] | None = None
     proposer: str = "scripted"
     proposer_backend: dict[str, Any] | None = None
+    teacher: str = "screen"
     accept: str = "gate"
     budget: int = 1500
     evo_tasks: int = 24
@@ -92,6 +98,7 @@ class EvolveConfig:
     def check(self) -> None:
         """Every field that cannot work, before anything runs."""
         from digirl_lite.harness.darwinx import ACCEPT_MODES
+        from digirl_lite.harness.teachers import TEACHERS
 
         def bad(name: str, why: str) -> None:
             raise ConfigError(f"{name}: {why}")
@@ -107,6 +114,8 @@ class EvolveConfig:
             bad("proposer", f"{self.proposer!r} is not 'scripted' or 'llm'")
         if self.proposer == "llm" and not self.proposer_backend:
             bad("proposer_backend", "the LLM proposer needs a backend")
+        if self.teacher not in TEACHERS:
+            bad("teacher", f"{self.teacher!r} is not one of {TEACHERS}")
         if self.accept not in ACCEPT_MODES:
             bad("accept", f"{self.accept!r} is not one of {ACCEPT_MODES}")
         for name in ("budget", "evo_tasks", "k_screen", "k_confirm", "probe_k", "eval_tasks",
@@ -290,15 +299,15 @@ def run_evolution(cfg: EvolveConfig, out: str | Path, resume: bool = False,
 
 
 def _evolve(cfg: EvolveConfig, out: Path, resume: bool, log: Any) -> dict[str, Any]:
-    from digirl_lite.envs.sim.agents import ScriptedExpert
     from digirl_lite.envs.sim.env import SimEnvFactory, SimPhoneEnv
     from digirl_lite.harness.darwinx import Archive, DarwinX, select_parent
     from digirl_lite.harness.harness import H0_COMPONENTS, Harness
     from digirl_lite.harness.runner import HarnessRunner, evolution_tasks
+    from digirl_lite.harness.teachers import make_teacher, teacher_label
     from digirl_lite.rollout.factory import make_fleet
-    from digirl_lite.rollout.fleet import ScriptedBatchAgent
 
     t0 = time.time()
+    log(f"harness evolution on {cfg.world}, seed {cfg.seed}: {teacher_label(cfg.teacher)}")
     test = [t.text for t in SimPhoneEnv._load_task_list(f"{cfg.world}_test")]
     evo = evolution_tasks(cfg.world, cfg.evo_tasks, seed=cfg.seed, exclude=test)
     held = test[:cfg.eval_tasks]
@@ -341,8 +350,8 @@ def _evolve(cfg: EvolveConfig, out: Path, resume: bool, log: Any) -> dict[str, A
             stage("frozen_constrained", make_constrained, base)
     (out / "checkpoints").mkdir(exist_ok=True)
     (out / "checkpoints" / "latest").write_text("darwinx/archive.json\n")  # for grid.py
-    teacher = ScriptedBatchAgent(lambda slot: ScriptedExpert())
-    runner = HarnessRunner(make, fleet, out / "darwinx" / "episodes.jsonl", teacher)
+    runner = HarnessRunner(make, fleet, out / "darwinx" / "episodes.jsonl",
+                           make_teacher(cfg.teacher))
 
     def on_gen(line: dict[str, Any]) -> None:
         log(f"generation {line['generation']}: {'accepted' if line['accepted'] else 'rejected'}"
@@ -409,8 +418,10 @@ def _report(summary: dict[str, Any], lines: list[str]) -> str:
                     f"{r['judged_episodes']}) | {true} | {100 * r['ci95'][0]:.1f}-"
                     f"{100 * r['ci95'][1]:.1f} | {100 * r['decided']['rule']:.1f}% | "
                     f"{100 * r['decided']['xi']:.1f}% |")
+    from digirl_lite.harness.teachers import teacher_label
+
     return "\n".join([
-        "# Harness evolution", "",
+        f"# Harness evolution ({teacher_label(summary['config']['teacher'])})", "",
         f"Config: `{json.dumps(summary['config'])}`", "", *rows, "",
         f"{ev['generations']} generations, {ev['accepted']} accepted, {ev['episodes']} "
         f"episodes; kinds {ev['kinds']}. Evolution set avg@k_confirm: H0 "

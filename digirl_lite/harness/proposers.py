@@ -35,7 +35,7 @@ from digirl_lite.harness.evidence import Evidence, EvidenceStep, Memory, Proposa
 from digirl_lite.harness.harness import Edit, check_components
 from digirl_lite.harness.rules import quoted_text
 
-__all__ = ["ScriptedProposer"]
+__all__ = ["ScriptedProposer", "dismiss_button"]
 
 _DISMISS = re.compile(r"\b(close|accept|no thanks|not now|dismiss|ok|got it|skip|cancel|x)\b",
                       re.IGNORECASE)
@@ -47,10 +47,11 @@ def _slug(s: str) -> str:
 
 
 def _overlay_part(nodes: list[UINode]) -> tuple[UINode | None, list[UINode]]:
-    """The dialog container over the screen and the nodes drawn after it."""
+    """The dialog container over the screen and the nodes drawn after it (a node's class
+    short, as tree text keeps it, or full, as a device's tree has it)."""
     seen_click = False
     for i, n in enumerate(nodes):
-        if seen_click and n.cls in _CONTAINERS:
+        if seen_click and n.cls.rsplit(".", 1)[-1] in _CONTAINERS:
             return n, nodes[i + 1:]
         seen_click = seen_click or n.clickable
     return None, []
@@ -109,15 +110,24 @@ def _rule_from_step(step: EvidenceStep, goal: str, origin: str) -> str | None:
     return None
 
 
-def _overlay_rule(step: EvidenceStep) -> str | None:
-    nodes = parse_tree_text(step.tree)
+def dismiss_button(nodes: list[UINode]) -> tuple[UINode | None, UINode | None]:
+    """The dialog container over the screen (None: no dialog) and its first clickable node
+    that reads like close / accept / no thanks / cancel (its text, else its id's last
+    part; None: the dialog has no such button, BACK is the way out)."""
     container, over = _overlay_part(nodes)
     if container is None:
+        return None, None
+    return container, next((n for n in over if n.clickable
+                            and _DISMISS.search(n.text or n.id.split(":")[-1])), None)
+
+
+def _overlay_rule(step: EvidenceStep) -> str | None:
+    container, n = dismiss_button(parse_tree_text(step.tree))
+    if container is None:
         return None
-    for n in over:
-        if n.clickable and _DISMISS.search(n.text or n.id.split(":")[-1]):
-            return _rule(f"dismiss-{_slug(n.id)}", {"element": {"id": n.id}},
-                         {"tap": {"id": n.id}})
+    if n is not None:
+        return _rule(f"dismiss-{_slug(n.id)}", {"element": {"id": n.id}},
+                     {"tap": {"id": n.id}})
     return _rule(f"dismiss-{_slug(container.id)}-back", {"element": {"id": container.id}},
                  "back")
 

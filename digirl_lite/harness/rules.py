@@ -45,8 +45,8 @@ from typing import Any
 from digirl_lite.actions import Action, ActionType, format_action
 
 __all__ = ["Rule", "RuleError", "StepContext", "parse_rules", "parse_rule", "rules_text",
-           "has_overlay", "quoted_text", "find_node", "decide", "LAST_ACTIONS", "DOS",
-           "GOAL_TEXT"]
+           "has_overlay", "quoted_text", "goal_span", "find_node", "decide", "tap_action",
+           "LAST_ACTIONS", "DOS", "GOAL_TEXT"]
 
 LAST_ACTIONS = ("unparseable", "no_change", "repeated_no_change")
 DOS = ("back", "home", "enter", "type_goal_text", "agent")
@@ -55,6 +55,20 @@ _MATCH_KEYS = ("id", "text", "clickable", "focused")
 GOAL_TEXT = "$goal_text"
 _OVERLAY_CLASSES = ("FrameLayout", "Dialog", "PopupWindow", "AlertDialog")
 _QUOTED = re.compile(r"[\"“]([^\"”]+)[\"”]")
+# A quote of any kind that opens at a word start and closes at a word end, so an apostrophe
+# ("What's", "Denny's") never opens one.
+_ANY_QUOTED = re.compile(r"(?:^|(?<=[\s,:;(]))([\"“”'‘’])(?=\S)(.+?)(?<=\S)[\"“”'‘’]"
+                         r"(?=$|[\s,.;:!?)])")
+_ASKING = re.compile(r"(?:^|[,;:]\s*|\b(?:and|then|please|you)\s+)(?:search\s+for|search|"
+                     r"look\s*up|look\s+for|google|find(?:\s+me)?|shop\s+for|show\s+me|check|"
+                     r"tell\s+me|get\s+me(?!\s+to\b)|"
+                     r"i\s+need|i\s+want|i(?:'|’|\s+a)m\s+looking\s+for)\s+(?P<rest>.+)$",
+                     re.I | re.S)
+_SPAN_TAIL = re.compile(r"\s*(?:[,;]\s*|\s(?:and|then)\s+|\s(?:on|at|from|in|over\s+at)\s+"
+                        r"[a-z0-9-]+\.[a-z]{2,}\b).*$", re.I | re.S)
+_QUESTION = re.compile(r"^(?:what|what's|whats|where|when|who|which|why|how|is|are|can|could|"
+                       r"do|does|will|should)\b|\?\s*$", re.I)
+_ARTICLE = re.compile(r"^(?:a|an|the|some)\s+", re.I)
 
 
 class RuleError(ValueError):
@@ -248,6 +262,30 @@ def quoted_text(goal: str) -> str | None:
     return m.group(1).strip() if m else None
 
 
+def goal_span(goal: str) -> str | None:
+    """The text a goal asks to type, read without a model: its quoted text (quotes of any
+    kind), else the words after an asking verb ("search for", "look up", "google", "find",
+    ...) up to a clause that follows ("and select ...", ", ...", "on ebay.com"), less a
+    leading article, else the goal itself when it is a question (its whole text is the
+    search), else None ("Open the Settings" asks to type nothing).
+
+    A deterministic heuristic for agents without the trained span extractor
+    (:mod:`digirl_lite.policy.span_extractor`, the policy's copy path): no simulator
+    parser, only English. :func:`quoted_text` (double quotes only) stays what
+    ``"$goal_text"`` and ``type_goal_text`` read, so evolved rules keep their meaning."""
+    goal = (goal or "").strip()
+    m = _ANY_QUOTED.search(goal)
+    if m:
+        return m.group(2).strip() or None
+    m = _ASKING.search(goal)
+    if m:
+        rest = _ARTICLE.sub("", _SPAN_TAIL.sub("", m.group("rest")).strip(" .!?"))
+        return rest or None
+    if _QUESTION.search(goal):
+        return goal.rstrip(" ?.!") or None
+    return None
+
+
 def _holds(rule: Rule, ctx: StepContext) -> bool:
     for k, v in rule.when.items():
         if k == "element" and any(find_node(ctx.nodes, spec, ctx.goal) is None
@@ -273,7 +311,8 @@ def _holds(rule: Rule, ctx: StepContext) -> bool:
     return True
 
 
-def _tap_action(node: Any, width: int, height: int) -> Action:
+def tap_action(node: Any, width: int, height: int) -> Action:
+    """A tap at the centre of ``node`` (screen pixels of a ``width`` x ``height`` screen)."""
     x, y = node.center
     return Action.tap(x=round(min(max(x / width, 0.0), 1.0), 4),
                       y=round(min(max(y / height, 0.0), 1.0), 4))
@@ -303,5 +342,5 @@ def decide(rules: Sequence[Rule], ctx: StepContext, width: int, height: int
         node = find_node(ctx.nodes, do["tap"], ctx.goal)
         if node is None:
             continue
-        return rule, format_action(_tap_action(node, width, height))
+        return rule, format_action(tap_action(node, width, height))
     return None

@@ -70,21 +70,17 @@ def _node_at(nodes: Sequence[Any], x: float, y: float) -> Any | None:
 
 
 def _trace(episode: Any, width: int, height: int, max_nodes: int) -> list[dict[str, Any]]:
-    """The steps of a fleet's episode as evidence: the tree text (from the simulator's
-    states, where the episode has them), the action, who decided it, whether it parsed,
-    whether the screen changed, and the node a tap landed on."""
+    """The steps of a fleet's episode as evidence: the tree text (the UI tree the agent saw,
+    ``Episode.trees``, where the environment reads it; never the simulator's state), the
+    action, who decided it, whether it parsed, whether the screen changed, and the node a
+    tap landed on."""
     from digirl_lite.actions import ActionType
     from digirl_lite.envs.uitree import tree_text
 
-    try:
-        from digirl_lite.envs.sim.world import ui_nodes
-    except ImportError:  # pragma: no cover
-        ui_nodes = None
     out = []
-    states = list(getattr(episode, "states", None) or [])
+    trees = list(getattr(episode, "trees", None) or [])
     for i, s in enumerate(episode.trajectory.steps):
-        st = states[i] if i < len(states) else None
-        nodes = ui_nodes(st) if (st is not None and ui_nodes is not None) else []
+        nodes = list(trees[i] or ()) if i < len(trees) else []
         a = s.action
         element = None
         if a.is_valid and a.action_type is ActionType.DUAL_POINT and nodes:
@@ -119,12 +115,13 @@ class HarnessRunner:
 
     Args:
         make_agent: ``(components, screens) -> batch agent`` (a
-            :class:`~digirl_lite.harness.harness.HarnessAgent` around the frozen agent; the
-            scripted expert for the teacher); ``screens``: the table the fleet records
+            :class:`~digirl_lite.harness.harness.HarnessAgent` around the frozen agent);
+            ``screens``: the table the fleet records
             this call's screens in (a policy reads its image features from it).
         fleet: a fleet (``collect``); its environments read the UI tree (``ui_tree``).
         cache_path: the JSON-lines cache (None: no cache).
-        teacher: ``batch agent`` of reference trajectories (the simulator's expert), or None.
+        teacher: ``batch agent`` of reference trajectories
+            (:func:`~digirl_lite.harness.teachers.make_teacher`), or None.
         width, height: the screen size gestures are in.
     """
 
@@ -355,17 +352,17 @@ def evolution_tasks(world: str = "webshop", n: int = 24, seed: int = 0,
 def sim_policy_runner(world: str = "webshop", n_envs: int = 16,
                       cache_path: str | Path | None = None, fleet: str = "sync",
                       temperature: float = 1.0, starting_policy: str | Path | None = None,
-                      env: dict[str, Any] | None = None) -> tuple[HarnessRunner, Any]:
+                      env: dict[str, Any] | None = None, teacher: str = "screen"
+                      ) -> tuple[HarnessRunner, Any]:
     """A runner for the frozen shipped starting policy (or ``starting_policy``, a saved
-    policy's directory) on simulated phones that read their UI tree, with the simulator's
-    expert as teacher. Returns ``(runner, policy)``."""
-    from digirl_lite.envs.sim.agents import ScriptedExpert
+    policy's directory) on simulated phones that read their UI tree, with ``teacher`` (one
+    of :data:`~digirl_lite.harness.teachers.TEACHERS`). Returns ``(runner, policy)``."""
     from digirl_lite.envs.sim.env import SimEnvFactory
     from digirl_lite.harness.harness import HarnessAgent, PolicyAgent
+    from digirl_lite.harness.teachers import make_teacher
     from digirl_lite.paths import data_dir
     from digirl_lite.policy.factory import load_policy
     from digirl_lite.rollout.factory import make_fleet
-    from digirl_lite.rollout.fleet import ScriptedBatchAgent
     from digirl_lite.vision import FeatureCache, SimScreenEncoder
 
     path = Path(starting_policy) if starting_policy else data_dir() / "policies" / f"sft-{world}"
@@ -375,5 +372,4 @@ def sim_policy_runner(world: str = "webshop", n_envs: int = 16,
         return HarnessAgent(components, PolicyAgent(policy, features, screens, temperature))
 
     fl = make_fleet(fleet, SimEnvFactory(tasks=world, ui_tree=True, **(env or {})), n_envs)
-    teacher = ScriptedBatchAgent(lambda slot: ScriptedExpert())
-    return HarnessRunner(make_agent, fl, cache_path, teacher), policy
+    return HarnessRunner(make_agent, fl, cache_path, make_teacher(teacher)), policy

@@ -97,6 +97,7 @@ class EpisodeRecorder:
         self.sid = record_screen(screens, obs, record_size)
         self.trajectory: Trajectory | None = None
         self.states: list[Any] = [obs.state]  # ground truth where the env has it (sim)
+        self.trees: list[Any] = [obs.ui_tree]  # what the agent saw (evidence reads these)
         self.reached_first_milestone: bool | None = None
         self.recoveries: list[str] | None = None  # None: the environment cannot tell
         self.failure_cause: str | None = None
@@ -124,6 +125,7 @@ class EpisodeRecorder:
         ))
         self.obs, self.sid = nobs, nsid
         self.states.append(nobs.state)
+        self.trees.append(nobs.ui_tree)
         if "recovered" in info:
             self.recoveries = [*(self.recoveries or ()), *info["recovered"]]
         if not (terminated or truncated):

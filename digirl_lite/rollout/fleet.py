@@ -79,6 +79,10 @@ class Episode:
     failure_cause: str | None = None
     """Why it failed, where the environment can tell (the simulator's
     :data:`~digirl_lite.envs.sim.world.FAILURE_CAUSES`); None for a success or elsewhere."""
+    trees: list[Any] | None = None
+    """The UI tree the agent saw before each step and after the last (``obs.ui_tree``; None
+    where the environment reads none): what evidence of an episode is built from, as on a
+    real phone, never :attr:`states` (issue 48)."""
 
 
 @dataclass
@@ -334,11 +338,11 @@ class _Recording:
         del self.active[slot]
         return k, Episode(rec.trajectory, rec.states, task, rec.reached_first_milestone,
                           None if rec.recoveries is None else tuple(rec.recoveries),
-                          rec.failure_cause)
+                          rec.failure_cause, rec.trees)
 
     def abort(self, slot: int, reason: str) -> tuple[int, Episode]:
         k, task, rec = self.active.pop(slot)
-        return k, Episode(rec.abort(reason), rec.states, task)
+        return k, Episode(rec.abort(reason), rec.states, task, trees=rec.trees)
 
     def failed_reset(self, k: int, task: Any, reason: str) -> Episode:
         """An episode whose device never came up: an infrastructure truncation, no steps."""
