@@ -170,3 +170,23 @@ def test_teacher_choices_and_an_unknown_one():
         EvolveConfig(teacher="expert").check()
     with pytest.raises(ValueError, match="not one of"):
         make_teacher("expert")
+
+
+def test_a_cached_run_does_not_hand_one_teacher_s_episodes_to_another(tmp_path):
+    """The runner's cache keys the teacher's episodes by the teacher: a run folder resumed
+    with another ``teacher`` plays them again instead of reusing the other's."""
+    from digirl_lite.envs.sim.env import SimEnvFactory
+    from digirl_lite.harness.runner import HarnessRunner
+    from digirl_lite.rollout.fleet import SyncFleet
+
+    tasks = ['Go to ebay.com, search for "logitech g203"']
+    cache = tmp_path / "episodes.jsonl"
+    fleet = SyncFleet(SimEnvFactory(tasks="webshop", ui_tree=True), 1, backend="local")
+    played: dict[str, list[int]] = {}
+    for name in ("screen", "privileged_expert", "screen"):
+        runner = HarnessRunner(lambda c, s: None, fleet, cache, make_teacher(name),
+                               seed_torch=False)
+        runner.run_teacher(tasks, 3)
+        played[name] = played.get(name, []) + [runner.episodes_run]
+    fleet.close()
+    assert played == {"screen": [1, 0], "privileged_expert": [1]}

@@ -214,8 +214,11 @@ class HarnessRunner:
         """The teacher's reference episodes for ``tasks`` at the same seeds."""
         if self.teacher is None:
             return []
+        # the expert's episodes keep the key they were cached under before there was a choice
+        name = getattr(self.teacher, "teacher_name", "privileged_expert")
+        what = "teacher" if name == "privileged_expert" else f"teacher:{name}"
         return self._collect(lambda screens: self.teacher, tasks, seed,
-                             self.key("teacher", tasks, seed, "teacher"))
+                             self.key("teacher", tasks, seed, what))
 
 
 # ---------------------------------------------------------------------------------------

@@ -197,15 +197,18 @@ def make_teacher(name: str) -> Any:
     """
     from digirl_lite.rollout.fleet import ScriptedBatchAgent
 
-    if name == "screen":
-        return ScriptedBatchAgent(lambda slot: ScreenTeacher())
-    if name == "privileged_expert":
-        from digirl_lite.envs.sim.agents import ScriptedExpert
-
-        return ScriptedBatchAgent(lambda slot: ScriptedExpert())
     if name == "none":
         return None
-    raise ValueError(f"teacher {name!r} is not one of {TEACHERS}")
+    if name == "screen":
+        agent = ScriptedBatchAgent(lambda slot: ScreenTeacher())
+    elif name == "privileged_expert":
+        from digirl_lite.envs.sim.agents import ScriptedExpert
+
+        agent = ScriptedBatchAgent(lambda slot: ScriptedExpert())
+    else:
+        raise ValueError(f"teacher {name!r} is not one of {TEACHERS}")
+    agent.teacher_name = name  # keys the runner's cache: one teacher's episodes, not another's
+    return agent
 
 
 def teacher_label(name: str) -> str:
