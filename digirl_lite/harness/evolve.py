@@ -25,8 +25,13 @@ from typing import Any
 
 from digirl_lite.errors import ConfigError
 
-__all__ = ["EvolveConfig", "run_evolution", "QUICK", "lineage_lines"]
+__all__ = ["EvolveConfig", "run_evolution", "QUICK", "PROPOSERS", "lineage_lines"]
 
+PROPOSERS = ("scripted", "induction", "llm")
+"""The proposers of ``EvolveConfig.proposer``: ``scripted``
+(:class:`~digirl_lite.harness.proposers.ScriptedProposer`), ``induction``
+(:class:`~digirl_lite.harness.induction.InductionProposer`: no LLM, nothing but the agent's
+episodes) and ``llm`` (:class:`~digirl_lite.harness.llm.LLMProposer`)."""
 QUICK = {"budget": 160, "evo_tasks": 6, "eval_tasks": 16, "k_screen": 2, "k_confirm": 2,
          "probe_k": 2, "n_envs": 8}
 
@@ -44,7 +49,8 @@ class EvolveConfig:
         starting_policy: a saved policy's directory (None: the shipped one of ``world``).
         agent_backend: the prompted agent's backend (``{"backend": "gemini" | "openai",
             ...}``, :func:`digirl_lite.judge.backends.make_backend`).
-        proposer: "scripted" or "llm" (``proposer_backend``).
+        proposer: "scripted", "induction" (rules induced from the agent's own episodes,
+            :mod:`digirl_lite.harness.induction`) or "llm" (``proposer_backend``).
         teacher: who plays reference episodes of the evolution tasks the agent never solved
             (:mod:`digirl_lite.harness.teachers`): "screen" (an agent acting from the UI
             tree alone, as a deployed agent sees the phone, and it can fail), "none", or
@@ -110,8 +116,8 @@ class EvolveConfig:
         if self.agent == "prompted" and not self.agent_backend:
             bad("agent_backend", "a prompted agent needs a backend ({\"backend\": \"gemini\" "
                 "| \"openai\", ...})")
-        if self.proposer not in ("scripted", "llm"):
-            bad("proposer", f"{self.proposer!r} is not 'scripted' or 'llm'")
+        if self.proposer not in PROPOSERS:
+            bad("proposer", f"{self.proposer!r} is not one of {PROPOSERS}")
         if self.proposer == "llm" and not self.proposer_backend:
             bad("proposer_backend", "the LLM proposer needs a backend")
         if self.teacher not in TEACHERS:
@@ -191,6 +197,10 @@ def _proposer(cfg: EvolveConfig, out: Path):
         from digirl_lite.harness.llm import LLMProposer
 
         return LLMProposer(dict(cfg.proposer_backend), cache_path=out / "proposer.jsonl")
+    if cfg.proposer == "induction":
+        from digirl_lite.harness.induction import InductionProposer
+
+        return InductionProposer()
     from digirl_lite.harness.proposers import ScriptedProposer
 
     return ScriptedProposer()

@@ -33,33 +33,18 @@ from digirl_lite.actions import ActionType, parse_action
 from digirl_lite.envs.uitree import UINode, parse_tree_text
 from digirl_lite.harness.evidence import Evidence, EvidenceStep, Memory, ProposalError
 from digirl_lite.harness.harness import Edit, check_components
-from digirl_lite.harness.rules import quoted_text
+from digirl_lite.harness.rules import dismiss_button, overlay_part, quoted_text
 
 __all__ = ["ScriptedProposer", "dismiss_button"]
-
-_DISMISS = re.compile(r"\b(close|accept|no thanks|not now|dismiss|ok|got it|skip|cancel|x)\b",
-                      re.IGNORECASE)
-_CONTAINERS = ("FrameLayout", "Dialog", "PopupWindow", "AlertDialog")
 
 
 def _slug(s: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", s.lower()).strip("-")[:40] or "x"
 
 
-def _overlay_part(nodes: list[UINode]) -> tuple[UINode | None, list[UINode]]:
-    """The dialog container over the screen and the nodes drawn after it (a node's class
-    short, as tree text keeps it, or full, as a device's tree has it)."""
-    seen_click = False
-    for i, n in enumerate(nodes):
-        if seen_click and n.cls.rsplit(".", 1)[-1] in _CONTAINERS:
-            return n, nodes[i + 1:]
-        seen_click = seen_click or n.clickable
-    return None, []
-
-
 def _anchors(nodes: list[UINode]) -> list[dict[str, Any]]:
     """The screen's non-clickable, non-dialog element ids (which page it is)."""
-    container, _ = _overlay_part(nodes)
+    container, _ = overlay_part(nodes)
     cut = nodes.index(container) if container is not None else len(nodes)
     return [{"id": n.id} for n in nodes[:cut]
             if n.id and not n.clickable and n.id != "status_bar"][:3]
@@ -78,7 +63,7 @@ def _rule_from_step(step: EvidenceStep, goal: str, origin: str) -> str | None:
     if not action.is_valid:
         return None
     anchors = _anchors(nodes)
-    container, _ = _overlay_part(nodes)
+    container, _ = overlay_part(nodes)
     focused = next((n for n in nodes if n.focused), None)
     t = action.action_type
     if t is ActionType.DUAL_POINT and step.element:
@@ -108,17 +93,6 @@ def _rule_from_step(step: EvidenceStep, goal: str, origin: str) -> str | None:
                      {"element": [{"id": focused.id, "focused": True,
                                    "text": "$goal_text"}] + anchors}, "enter")
     return None
-
-
-def dismiss_button(nodes: list[UINode]) -> tuple[UINode | None, UINode | None]:
-    """The dialog container over the screen (None: no dialog) and its first clickable node
-    that reads like close / accept / no thanks / cancel (its text, else its id's last
-    part; None: the dialog has no such button, BACK is the way out)."""
-    container, over = _overlay_part(nodes)
-    if container is None:
-        return None, None
-    return container, next((n for n in over if n.clickable
-                            and _DISMISS.search(n.text or n.id.split(":")[-1])), None)
 
 
 def _overlay_rule(step: EvidenceStep) -> str | None:

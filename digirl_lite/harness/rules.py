@@ -10,8 +10,9 @@ so an error names its line::
 
 - ``element``: ``{"id": ..., "text": ..., "clickable": bool, "focused": bool}`` a node of
   the UI tree matches (``id`` exact, or a shell pattern with ``*``; ``text`` a
-  case-insensitive substring, ``"$goal_text"`` standing for the goal's quoted text), or a
-  list of such objects, each matched by some node;
+  case-insensitive substring, ``"$goal_text"`` standing for the goal's double-quoted text,
+  ``"$goal_span"`` for the span the goal asks to type, :func:`goal_span`, whatever its
+  quotes), or a list of such objects, each matched by some node;
 - ``absent``: the same form (or a list), no node matches (any of them);
 - ``text``: some node's text contains this (case-insensitive);
 - ``overlay``: true / false: a dialog is over the screen (a node whose class is a dialog or
@@ -25,9 +26,14 @@ so an error names its line::
   addition to the issue's list: a rule for "select the first entry" tasks only).
 
 ``do`` is one of ``"back"``, ``"home"``, ``"enter"``, ``"type_goal_text"`` (type the goal's
-quoted text), ``"agent"`` (hand over: the rule only marks the step), or
-``{"tap": {"id": ...}}`` / ``{"tap": {"text": ...}}`` (the first matching node, clickable
-ones first; none matching hands the step to the agent).
+double-quoted text), ``"type_goal_span"`` (type the span the goal asks to type,
+:func:`goal_span`: any quotes, or none), ``"dismiss"`` (tap the button of the dialog over
+the screen that reads like close / no thanks / cancel / accept, :func:`dismiss_button`, else
+BACK; no dialog: the rule cannot act), ``"wait"`` (a tap on the screen's top edge, where
+nothing is: the page goes on loading), ``"agent"`` (hand over: the rule only marks the
+step), or ``{"tap": {"id": ...}}`` / ``{"tap": {"text": ...}}`` (the first matching node,
+clickable ones first; none matching hands the step to the agent). A rule that cannot act
+(nothing to type, no dialog, no node to tap) leaves the step to the next rule.
 
 A rule that acted and left the screen unchanged does not act again on that screen (the agent
 decides instead): a rule cannot trap an episode in a loop.
@@ -45,15 +51,19 @@ from typing import Any
 from digirl_lite.actions import Action, ActionType, format_action
 
 __all__ = ["Rule", "RuleError", "StepContext", "parse_rules", "parse_rule", "rules_text",
-           "has_overlay", "quoted_text", "goal_span", "find_node", "decide", "tap_action",
-           "LAST_ACTIONS", "DOS", "GOAL_TEXT"]
+           "has_overlay", "overlay_part", "dismiss_button", "quoted_text", "goal_span",
+           "find_node", "decide", "tap_action", "LAST_ACTIONS", "DOS", "GOAL_TEXT", "GOAL_SPAN"]
 
 LAST_ACTIONS = ("unparseable", "no_change", "repeated_no_change")
-DOS = ("back", "home", "enter", "type_goal_text", "agent")
+DOS = ("back", "home", "enter", "type_goal_text", "type_goal_span", "dismiss", "wait",
+       "agent")
 CONDITIONS = ("element", "absent", "text", "overlay", "last_action", "step", "goal")
 _MATCH_KEYS = ("id", "text", "clickable", "focused")
 GOAL_TEXT = "$goal_text"
+GOAL_SPAN = "$goal_span"
 _OVERLAY_CLASSES = ("FrameLayout", "Dialog", "PopupWindow", "AlertDialog")
+_DISMISS = re.compile(r"\b(close|accept|no thanks|not now|dismiss|ok|got it|skip|cancel|x)\b",
+                      re.IGNORECASE)
 _QUOTED = re.compile(r"[\"“]([^\"”]+)[\"”]")
 # A quote of any kind that opens at a word start and closes at a word end, so an apostrophe
 # ("What's", "Denny's") never opens one.
@@ -221,8 +231,8 @@ def _matches(node: Any, spec: dict[str, Any], goal: str = "") -> bool:
             return False
     if "text" in spec:
         want = spec["text"]
-        if want == GOAL_TEXT:
-            want = quoted_text(goal)
+        if want in (GOAL_TEXT, GOAL_SPAN):
+            want = quoted_text(goal) if want == GOAL_TEXT else goal_span(goal)
             if want is None:
                 return False
         if want.lower() not in (node.text or "").lower():
@@ -254,6 +264,30 @@ def has_overlay(nodes: Sequence[Any]) -> bool:
             return True
         seen_clickable = seen_clickable or bool(n.clickable)
     return False
+
+
+def overlay_part(nodes: Sequence[Any]) -> tuple[Any | None, list[Any]]:
+    """The dialog container over the screen (:func:`has_overlay`'s) and the nodes drawn
+    after it (a node's class short, as tree text keeps it, or full, as a device's tree has
+    it)."""
+    nodes = list(nodes)
+    seen_click = False
+    for i, n in enumerate(nodes):
+        if seen_click and n.cls.rsplit(".", 1)[-1] in _OVERLAY_CLASSES:
+            return n, nodes[i + 1:]
+        seen_click = seen_click or bool(n.clickable)
+    return None, []
+
+
+def dismiss_button(nodes: Sequence[Any]) -> tuple[Any | None, Any | None]:
+    """The dialog container over the screen (None: no dialog) and its first clickable node
+    that reads like close / accept / no thanks / cancel (its text, else its id's last
+    part; None: the dialog has no such button, BACK is the way out)."""
+    container, over = overlay_part(nodes)
+    if container is None:
+        return None, None
+    return container, next((n for n in over if n.clickable
+                            and _DISMISS.search(n.text or n.id.split(":")[-1])), None)
 
 
 def quoted_text(goal: str) -> str | None:
@@ -334,11 +368,19 @@ def decide(rules: Sequence[Rule], ctx: StepContext, width: int, height: int
             return rule, format_action(Action.key(ActionType.PRESS_HOME))
         if do == "enter":
             return rule, format_action(Action.key(ActionType.PRESS_ENTER))
-        if do == "type_goal_text":
-            q = quoted_text(ctx.goal)
+        if do in ("type_goal_text", "type_goal_span"):
+            q = quoted_text(ctx.goal) if do == "type_goal_text" else goal_span(ctx.goal)
             if q is None:
                 continue  # nothing to type: the rule cannot act
             return rule, format_action(Action.type_text(q))
+        if do == "dismiss":
+            container, button = dismiss_button(ctx.nodes)
+            if container is None:
+                continue  # no dialog: nothing to dismiss
+            return rule, format_action(tap_action(button, width, height) if button is not None
+                                       else Action.key(ActionType.PRESS_BACK))
+        if do == "wait":
+            return rule, format_action(Action.tap(x=0.5, y=0.01))
         node = find_node(ctx.nodes, do["tap"], ctx.goal)
         if node is None:
             continue
