@@ -19,7 +19,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 __all__ = ["Planned", "Recorded", "ScriptedServer", "GeminiServer", "OpenAIServer",
-           "gemini_reply", "openai_reply", "closed_port"]
+           "RoutedOpenAIServer", "gemini_reply", "openai_reply", "closed_port"]
 
 
 @dataclass
@@ -119,8 +119,9 @@ class ScriptedServer:
                 with server._lock:
                     server.requests.append(rec)
                     plan = server._plans.popleft() if server._plans else None
-                if plan is None:
-                    plan = Planned(200, server.default_body(rec))
+                if plan is None:  # the default: a body, or a whole Planned response
+                    d = server.default_body(rec)
+                    plan = d if isinstance(d, Planned) else Planned(200, d)
                 if plan.delay_s:
                     # wake early when the server shuts down, so teardown stays fast
                     server._stop.wait(plan.delay_s)
@@ -240,6 +241,29 @@ class OpenAIServer(ScriptedServer):
 
     def error_body(self, status: int, message: str) -> Any:
         return openai_error(status, message)
+
+
+class RoutedOpenAIServer(OpenAIServer):
+    """An OpenAI-protocol server that answers each request by the model it names: one
+    server for a prompted agent and an LLM proposer side by side (the DarwinX loop tests).
+    ``routes``: model name -> ``(request) -> reply text``; a model with no route gets a
+    404, as a server that does not serve it would."""
+
+    def __init__(self, routes: dict[str, Any]) -> None:
+        super().__init__()
+        self.routes = dict(routes)
+
+    def by_model(self, model: str) -> list[Recorded]:
+        with self._lock:
+            return [r for r in self.requests if isinstance(r.json, dict)
+                    and r.json.get("model") == model]
+
+    def default_body(self, rec: Recorded) -> Any:
+        model = rec.json.get("model") if isinstance(rec.json, dict) else None
+        route = self.routes.get(model)
+        if route is None:
+            return Planned(404, openai_error(404, f"the model {model!r} does not exist"))
+        return openai_reply(route(rec), model=model)
 
 
 def closed_port() -> int:

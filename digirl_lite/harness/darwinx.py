@@ -46,11 +46,13 @@ from typing import Any
 
 from digirl_lite.harness.evidence import Memory, ProposalError, Proposer
 from digirl_lite.harness.harness import (
+    AGENT_COMPONENTS,
     H0_COMPONENTS,
     Edit,
     EditError,
     Harness,
     candidate_id,
+    check_readable,
 )
 from digirl_lite.harness.runner import HarnessRunner, Outcome, evidence_from
 
@@ -387,6 +389,17 @@ class DarwinX:
             generation tries to merge two complementary variants of the archive
             (:meth:`propose_merge`), kept only when the child solves the union of their
             solved sets.
+        agent_reads: the components of
+            :data:`~digirl_lite.harness.harness.AGENT_COMPONENTS` the frozen agent reads
+            (:attr:`~digirl_lite.harness.harness.HarnessAgent.reads`; default both, as a
+            prompted agent). A proposal that edits one it does not read (a prompt or psi edit
+            for a trained policy) is refused, its reason naming the component and
+            ``agent_name``.
+        agent_name: the agent as refusals name it.
+
+    A proposal that is not a valid edit (a reply that does not parse, an edit that does not
+    apply, one the agent cannot read) is counted (:attr:`invalid_proposals`) and recorded
+    as a rejected child with the reason; the loop goes on.
     """
 
     def __init__(self, runner: HarnessRunner, proposer: Proposer, tasks: Sequence[str],
@@ -395,7 +408,9 @@ class DarwinX:
                  accept: str = "gate", probe_k: int = 3, seed: int = 0,
                  base: dict[str, str] | None = None,
                  on_generation: Callable[[dict[str, Any]], None] | None = None,
-                 max_generations: int | None = None, merges: int = 0) -> None:
+                 max_generations: int | None = None, merges: int = 0,
+                 agent_reads: Sequence[str] = AGENT_COMPONENTS,
+                 agent_name: str = "agent") -> None:
         if accept not in ACCEPT_MODES:
             raise ValueError(f"accept must be one of {ACCEPT_MODES}, got {accept!r}")
         if len(set(tasks)) != len(tasks) or not tasks:
@@ -413,6 +428,9 @@ class DarwinX:
         if merges < 0:
             raise ValueError(f"merges must be >= 0, got {merges}")
         self.merges = merges
+        self.agent_reads = frozenset(agent_reads)
+        self.agent_name = agent_name
+        self.invalid_proposals = 0  # proposals refused before any episode (counted, skipped)
         self.stopped = ""  # why the loop stopped
         self.stalled = 0  # generations in a row that measured nothing new
         self._episodes_at_gen = 0
@@ -478,8 +496,12 @@ class DarwinX:
             edits = self.proposer.propose(harness.components, evidence, self.memory)
             if not edits:
                 raise ProposalError("the proposer returned no edit")
+            check_readable(edits, self.agent_reads, self.agent_name)
             child = harness.extend(edits)
         except (ProposalError, EditError) as e:
+            self.invalid_proposals += 1
+            log.warning("generation %d: invalid proposal skipped (%d so far): %s",
+                        self.generation + 1, self.invalid_proposals, str(e)[:300])
             self._pending[candidate_id(candidate)] = (harness, [], f"invalid proposal: {e}")
             return dict(candidate)
         comps = child.components
@@ -708,7 +730,7 @@ class DarwinX:
                                     "delta": self.delta, "beta": self.beta,
                                     "accept": self.accept, "probe_k": self.probe_k,
                                     "seed": self.seed, "tasks": self.tasks},
-                          stopped=self.stopped)
+                          stopped=self.stopped, invalid_proposals=self.invalid_proposals)
 
     # -- run -----------------------------------------------------------------------------
     def run(self) -> Archive:

@@ -50,7 +50,11 @@ class EvolveConfig:
         agent_backend: the prompted agent's backend (``{"backend": "gemini" | "openai",
             ...}``, :func:`digirl_lite.judge.backends.make_backend`).
         proposer: "scripted", "induction" (rules induced from the agent's own episodes,
-            :mod:`digirl_lite.harness.induction`) or "llm" (``proposer_backend``).
+            :mod:`digirl_lite.harness.induction`) or "llm" (``proposer_backend``; an
+            OpenAI-compatible one gets ``max_tokens`` 2048 unless it sets it). The LLM is offered
+            prompt and psi edits only for a prompted agent; for the policy agent such an edit is
+            refused (counted, recorded with its reason, skipped), as is any reply that is not a
+            valid edit.
         teacher: who plays reference episodes of the evolution tasks the agent never solved
             (:mod:`digirl_lite.harness.teachers`): "screen" (an agent acting from the UI
             tree alone, as a deployed agent sees the phone, and it can fail), "none", or
@@ -161,6 +165,20 @@ class EvolveConfig:
         return cls(**d)
 
 
+def _agent_view(cfg: EvolveConfig, policy_path: str | None) -> tuple[frozenset[str], str]:
+    """What the frozen agent reads of the system prompt and psi, and its name for refusals
+    (DarwinX refuses edits to what it cannot read; issue 48, item 3)."""
+    from digirl_lite.harness.harness import PolicyAgent
+
+    if cfg.agent == "prompted":
+        from digirl_lite.harness.llm import PromptedAgent
+
+        return PromptedAgent.reads, f"prompted agent ({cfg.agent_backend.get('model')})"
+    return PolicyAgent.reads, (f"policy agent ({Path(policy_path).name}: a trained policy "
+                               "reads its own prompt and the screen, not the system prompt "
+                               "or psi)")
+
+
 def _agent_factory(cfg: EvolveConfig):
     """``(components, screens) -> HarnessAgent`` and the constrained-decoding baseline."""
     from digirl_lite.harness.harness import HarnessAgent, PolicyAgent
@@ -192,11 +210,19 @@ def _agent_factory(cfg: EvolveConfig):
     return make, make_constrained, str(path)
 
 
-def _proposer(cfg: EvolveConfig, out: Path):
+def _proposer(cfg: EvolveConfig, out: Path, reads: frozenset[str] = frozenset()):
     if cfg.proposer == "llm":
+        from digirl_lite.harness.harness import AGENT_COMPONENTS, EDIT_TARGETS
         from digirl_lite.harness.llm import LLMProposer
 
-        return LLMProposer(dict(cfg.proposer_backend), cache_path=out / "proposer.jsonl")
+        backend = dict(cfg.proposer_backend)
+        if backend.get("backend") == "openai":
+            # the backend's default reply budget (512 tokens, sized for the judge's three
+            # lines) cuts a reply of three edits with their rules and rationales short: a
+            # reply that is not JSON, every generation
+            backend.setdefault("max_tokens", 2048)
+        kinds = [k for k, c in EDIT_TARGETS.items() if c in reads or c not in AGENT_COMPONENTS]
+        return LLMProposer(backend, cache_path=out / "proposer.jsonl", kinds=kinds)
     if cfg.proposer == "induction":
         from digirl_lite.harness.induction import InductionProposer
 
@@ -368,10 +394,12 @@ def _evolve(cfg: EvolveConfig, out: Path, resume: bool, log: Any) -> dict[str, A
             f" ({line['kind']}; g {line['g']:+.2f}, R {line['R']:.2f}; {line['reason'][:70]})"
             f" episodes {line['episodes']}/{cfg.budget}")
 
-    dx = DarwinX(runner, _proposer(cfg, out), evo, out / "darwinx", budget=cfg.budget,
+    reads, agent_name = _agent_view(cfg, policy_path)
+    dx = DarwinX(runner, _proposer(cfg, out, reads), evo, out / "darwinx", budget=cfg.budget,
                  k_screen=cfg.k_screen, k_confirm=cfg.k_confirm, delta=cfg.delta,
                  beta=cfg.beta, accept=cfg.accept, probe_k=cfg.probe_k, seed=cfg.seed,
-                 on_generation=on_gen, merges=cfg.merges)
+                 on_generation=on_gen, merges=cfg.merges, agent_reads=reads,
+                 agent_name=agent_name)
     archive: Archive = dx.run()
     import random
 
@@ -388,6 +416,7 @@ def _evolve(cfg: EvolveConfig, out: Path, resume: bool, log: Any) -> dict[str, A
     summary["evolution"] = {
         "best": best.id, "best_G": best.G, "generations": len(gens),
         "accepted": sum(g["accepted"] for g in gens), "episodes": dx.episodes,
+        "invalid_proposals": dx.invalid_proposals,
         "kinds": {k: sum(g["kind"] == k for g in gens) for k in
                   ("improver", "neutral", "stepping_stone", "archived")},
         "root_confirm_mean": _mean(root.confirm), "best_confirm_mean": _mean(best.confirm),
@@ -433,7 +462,8 @@ def _report(summary: dict[str, Any], lines: list[str]) -> str:
     return "\n".join([
         f"# Harness evolution ({teacher_label(summary['config']['teacher'])})", "",
         f"Config: `{json.dumps(summary['config'])}`", "", *rows, "",
-        f"{ev['generations']} generations, {ev['accepted']} accepted, {ev['episodes']} "
+        f"{ev['generations']} generations, {ev['accepted']} accepted, "
+        f"{ev.get('invalid_proposals', 0)} invalid proposals skipped, {ev['episodes']} "
         f"episodes; kinds {ev['kinds']}. Evolution set avg@k_confirm: H0 "
         f"{ev['root_confirm_mean']}, evolved {ev['best_confirm_mean']}; the root's solved tasks "
         f"the evolved variant lost: {ev['root_solved_lost']}.", "",

@@ -27,7 +27,7 @@ import hashlib
 import json
 import re
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -43,8 +43,9 @@ from digirl_lite.harness.rules import (
 from digirl_lite.rollout.episode import SampledAction
 
 __all__ = ["Harness", "Edit", "EditError", "HarnessAgent", "StepAgent", "AgentInput",
-           "PolicyAgent", "H0_COMPONENTS", "COMPONENTS", "repair_action", "candidate_id",
-           "check_components", "decision_shares"]
+           "PolicyAgent", "H0_COMPONENTS", "COMPONENTS", "EDIT_TARGETS", "AGENT_COMPONENTS",
+           "repair_action", "candidate_id", "check_components", "check_readable",
+           "decision_shares"]
 
 COMPONENTS = ("system_prompt", "psi", "xi", "skills")
 DEFAULT_SYSTEM_PROMPT = (
@@ -63,6 +64,12 @@ H0_COMPONENTS: dict[str, str] = {
     "skills": "",
 }
 """H0: the agent as it is (no repair, no retry, no snapping, no rules)."""
+EDIT_TARGETS = {"skill": "skills", "prompt": "system_prompt", "xi": "xi", "psi": "psi"}
+"""The component each edit kind changes."""
+AGENT_COMPONENTS = ("system_prompt", "psi")
+"""The components that act only through the agent's input (:class:`AgentInput`): an agent
+that does not read them (:attr:`StepAgent.reads`) is untouched by their edits. ``skills``
+and ``xi`` act around the agent, on any agent."""
 
 
 class EditError(ValueError):
@@ -203,6 +210,30 @@ class Edit:
         return out
 
 
+def check_readable(edits: Sequence[Edit], reads: Collection[str], agent: str,
+                   where: str = "proposal") -> None:
+    """Refuse edits that would change a component the agent cannot read (issue 48, item 3):
+    a prompt or psi edit for an agent whose ``reads`` lacks ``system_prompt`` or ``psi``
+    would be judged on noise, since the agent behaves exactly as without it.
+
+    Args:
+        edits: the proposal's edits.
+        reads: the components of :data:`AGENT_COMPONENTS` the agent reads.
+        agent: the agent as the message names it (e.g. ``"policy agent (sft-webshop)"``).
+
+    Raises:
+        EditError: names the edit, its component and the agent, and the kinds it can use.
+    """
+    for i, e in enumerate(edits, 1):
+        comp = EDIT_TARGETS.get(e.kind)
+        if comp in AGENT_COMPONENTS and comp not in reads:
+            usable = [k for k, c in EDIT_TARGETS.items()
+                      if c not in AGENT_COMPONENTS or c in reads]
+            raise EditError(f"{where}, edit {i}: a {e.kind!r} edit changes the component "
+                            f"{comp!r}, which the {agent} cannot read; refused (edit kinds "
+                            f"this agent can use: {usable})")
+
+
 @dataclass
 class Harness:
     """H0 and the edits on it, in order; :attr:`components` is the result."""
@@ -252,7 +283,11 @@ class AgentInput:
 
 
 class StepAgent(Protocol):
-    """The frozen agent a harness wraps."""
+    """The frozen agent a harness wraps.
+
+    ``reads`` (optional): which of :data:`AGENT_COMPONENTS` the agent reads (a prompted
+    agent: both; a trained policy: neither). An agent without the attribute is taken to read
+    both (:func:`check_readable`)."""
 
     def propose(self, inputs: Sequence[AgentInput]) -> list[str]:
         """One raw output per input (its action string, maybe malformed)."""
@@ -265,8 +300,12 @@ class StepAgent(Protocol):
 class PolicyAgent:
     """A trained :class:`~digirl_lite.policy.Policy` as a harness's agent (frozen: nothing
     here updates it). Its prompt is the policy's own (``Previous Actions: ... Goal: ...``):
-    the system prompt and the tree are for agents that read text, which a policy trained on
-    that prompt does not. ``retry`` samples again under the action-format grammar."""
+    the system prompt and psi (history, tree) are for agents that read text, which a policy
+    trained on that prompt does not (``reads`` is empty: DarwinX refuses prompt and psi
+    edits for it, :func:`check_readable`). ``retry`` samples again under the action-format
+    grammar."""
+
+    reads: frozenset[str] = frozenset()
 
     crn_salt: int | None = None
     """Common random numbers: with a salt, the policy samples each row from its own
@@ -398,6 +437,12 @@ class HarnessAgent:
         self.width, self.height = width, height
         self.decisions: Counter[str] = Counter()
         self._mem: dict[int, _SlotMemory] = {}
+
+    @property
+    def reads(self) -> frozenset[str]:
+        """The components of :data:`AGENT_COMPONENTS` the agent inside reads (an agent that
+        does not say reads both)."""
+        return frozenset(getattr(self.agent, "reads", AGENT_COMPONENTS))
 
     @property
     def crn_salt(self) -> int | None:

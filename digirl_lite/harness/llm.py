@@ -46,7 +46,15 @@ from typing import TYPE_CHECKING, Any
 
 import digirl_lite.harness.rules as _rules
 from digirl_lite.harness.evidence import Evidence, Memory, ProposalError
-from digirl_lite.harness.harness import PSI_DEFAULT, XI_DEFAULT, AgentInput, Edit, EditError
+from digirl_lite.harness.harness import (
+    AGENT_COMPONENTS,
+    EDIT_TARGETS,
+    PSI_DEFAULT,
+    XI_DEFAULT,
+    AgentInput,
+    Edit,
+    EditError,
+)
 from digirl_lite.judge.backends import Backend, BackendError, make_backend
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -57,7 +65,7 @@ __all__ = ["PromptedAgent", "LLMProposer", "AgentUnavailable", "ACTION_FORMAT",
 
 log = logging.getLogger("digirl_lite.harness")
 
-EDIT_KINDS = ("skill", "prompt", "xi", "psi")
+EDIT_KINDS = tuple(EDIT_TARGETS)  # ("skill", "prompt", "xi", "psi")
 
 ACTION_FORMAT = (
     'Answer with exactly one line, in this format:\n'
@@ -224,6 +232,9 @@ class PromptedAgent:
         AgentUnavailable: the backend failed for good; names the backend and the error.
     """
 
+    reads = frozenset(AGENT_COMPONENTS)
+    """It reads the system prompt and psi's context (:func:`agent_prompt_parts`)."""
+
     def __init__(self, backend: Backend | dict[str, Any], retries: int = 3,
                  backoff_s: float = 2.0, backoff_max_s: float = 30.0,
                  image_width: int | None = 540, workers: int = 1,
@@ -284,18 +295,19 @@ class PromptedAgent:
 # ---------------------------------------------------------------------------------------
 # the LLM proposer
 # ---------------------------------------------------------------------------------------
-_KIND_HELP = (
-    '- "skill": rule lines to append to the skills (one JSON object per line, in the rule '
-    "language below; ids must be new).\n"
-    '- "prompt": a paragraph appended to the system prompt.\n'
-    f'- "xi": a JSON object of action-projection settings to change, keys {list(XI_DEFAULT)} '
-    "(repair, retry and snap can only be switched on).\n"
-    f'- "psi": a JSON object of context settings to change, keys {list(PSI_DEFAULT)} '
-    "(history 0-20 actions, tree true/false, max_nodes 1-500).")
+_KIND_HELP = {
+    "skill": '- "skill": rule lines to append to the skills (one JSON object per line, in the '
+             "rule language below; ids must be new).",
+    "prompt": '- "prompt": a paragraph appended to the system prompt.',
+    "xi": f'- "xi": a JSON object of action-projection settings to change, keys '
+          f"{list(XI_DEFAULT)} (repair, retry and snap can only be switched on).",
+    "psi": f'- "psi": a JSON object of context settings to change, keys {list(PSI_DEFAULT)} '
+           "(history 0-20 actions, tree true/false, max_nodes 1-500).",
+}
 _REPLY_FORMAT = (
     'Reply with one JSON object and nothing else:\n'
-    '{"edits": [{"kind": "skill" | "prompt" | "xi" | "psi", "content": "...", '
-    '"rationale": "which evidence this answers and why it should help"}]}')
+    '{{"edits": [{{"kind": {kinds}, "content": "...", '
+    '"rationale": "which evidence this answers and why it should help"}}]}}')
 
 
 def _evidence_text(evidence: Sequence[Evidence], limit: int) -> str:
@@ -339,12 +351,23 @@ def _memory_text(memory: Memory) -> str:
 
 
 def proposer_prompt(components: dict[str, str], evidence: Sequence[Evidence], memory: Memory,
-                    max_edits: int = 3, evidence_chars: int = 12000) -> str:
+                    max_edits: int = 3, evidence_chars: int = 12000,
+                    kinds: Sequence[str] = EDIT_KINDS) -> str:
     """The proposer's prompt: the task, the current components, the edit kinds, the rule
     language (the reference in :mod:`digirl_lite.harness.rules`' docstring), the evidence
-    (trimmed to ``evidence_chars``), the memory K_g and the reply format."""
+    (trimmed to ``evidence_chars``), the memory K_g and the reply format. ``kinds``: the
+    edit kinds offered (an agent that cannot read the system prompt or psi is offered
+    neither, and the components it cannot read are not shown); with all of them the prompt
+    is the one earlier runs cached."""
+    offered = [k for k in EDIT_KINDS if k in kinds]
+    shown = {EDIT_TARGETS[k] for k in offered} | (set(components) - set(EDIT_TARGETS.values()))
     comps = "\n\n".join(f"### {k}\n{v if v.strip() else '(empty)'}"
-                        for k, v in components.items())
+                        for k, v in components.items() if k in shown)
+    help_ = "\n".join(_KIND_HELP[k] for k in offered)
+    left = [k for k in EDIT_KINDS if k not in offered]
+    if left:
+        help_ += (f"\nNo other kind: the agent cannot read what {left} edits change "
+                  f"({[EDIT_TARGETS[k] for k in left]}); such edits are refused.")
     return "\n\n".join([
         "You improve the harness around a frozen agent that operates an Android phone (its "
         "weights never change). The harness is a set of text components; you propose "
@@ -352,12 +375,12 @@ def proposer_prompt(components: dict[str, str], evidence: Sequence[Evidence], me
         "breaking what the agent already solves. Edits only add behaviour: a rule appended, "
         "a prompt paragraph appended, a setting switched on.",
         "## Current components\n" + comps,
-        "## Edit kinds\n" + _KIND_HELP,
+        "## Edit kinds\n" + help_,
         "## The skill rule language\n" + (_rules.__doc__ or "").strip(),
         "## Evidence (failure-derived, teacher-derived, self-derived)\n"
         + _evidence_text(evidence, evidence_chars),
         "## Shared memory\n" + _memory_text(memory),
-        "## Reply\n" + _REPLY_FORMAT,
+        "## Reply\n" + _REPLY_FORMAT.format(kinds=" | ".join(f'"{k}"' for k in offered)),
     ])
 
 
@@ -475,6 +498,10 @@ class LLMProposer:
         max_edits: edits kept per proposal (the rest of a longer reply are dropped).
         retries, backoff_s, backoff_max_s, sleep, seed: as :class:`PromptedAgent`.
         evidence_chars: size limit of the evidence in the prompt.
+        kinds: the edit kinds the prompt offers (default all of :data:`EDIT_KINDS`); an agent
+            that cannot read the system prompt or psi (a trained policy) is offered
+            ``("skill", "xi")``. A reply may still hold another kind: the loop refuses what
+            the agent cannot read (:func:`~digirl_lite.harness.harness.check_readable`).
         cache_path: a JSONL file of ``{"key", "reply"}`` lines (key: a hash of the backend's
             model and the prompt). The n-th request of a prompt in this process is answered
             by the n-th cached reply for it when there is one, so a resumed evolution run
@@ -488,9 +515,14 @@ class LLMProposer:
     def __init__(self, backend: Backend | dict[str, Any], max_edits: int = 3,
                  retries: int = 3, backoff_s: float = 2.0, backoff_max_s: float = 30.0,
                  evidence_chars: int = 12000, cache_path: str | Path | None = None,
-                 sleep: Callable[[float], None] = time.sleep, seed: int | None = None) -> None:
+                 sleep: Callable[[float], None] = time.sleep, seed: int | None = None,
+                 kinds: Sequence[str] = EDIT_KINDS) -> None:
         if max_edits < 1:
             raise ValueError(f"max_edits must be >= 1, got {max_edits}")
+        bad = [k for k in kinds if k not in EDIT_KINDS]
+        if bad or not kinds:
+            raise ValueError(f"kinds must be some of {list(EDIT_KINDS)}, got {list(kinds)}")
+        self.kinds = tuple(k for k in EDIT_KINDS if k in kinds)
         self.backend = _as_backend(backend)
         self.max_edits = max_edits
         self.evidence_chars = evidence_chars
@@ -512,7 +544,7 @@ class LLMProposer:
     def config(self) -> dict[str, Any]:
         return {"proposer": self.name, "backend": self.backend.config(),
                 "max_edits": self.max_edits, "retries": self._call.retries,
-                "evidence_chars": self.evidence_chars,
+                "evidence_chars": self.evidence_chars, "kinds": list(self.kinds),
                 "cache_path": str(self.cache_path) if self.cache_path else None}
 
     # -- cache ----------------------------------------------------------------------------
@@ -575,7 +607,7 @@ class LLMProposer:
                 the loop records a rejected child and goes on.
         """
         prompt = proposer_prompt(components, evidence, memory, self.max_edits,
-                                 self.evidence_chars)
+                                 self.evidence_chars, self.kinds)
         reply = self.ask(prompt)
         self.last_reply = reply
         kinds = sorted({e.kind for e in evidence})
