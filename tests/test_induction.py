@@ -312,4 +312,34 @@ def test_the_shipped_frozen_policy_s_episodes_give_rules_that_name_only_what_it_
         ids = re.findall(r'"id": "([^"]+)"', json.dumps(rule["when"]) + json.dumps(rule["do"]))
         assert set(ids) <= seen, rule  # ids it saw on its screens, nothing else
         s = p.last_scores[rule["id"]]
-        assert s.changes >= 1 and s.precision >= p.min_precision
+        assert s.changes >= 1  # it would change a failure
+        if s.agree + s.conflict:  # the passes it meets agree with it, across goals
+            assert s.precision >= p.min_precision and s.goals >= p.min_goals
+
+
+def test_what_one_task_s_pass_did_on_a_screen_every_task_sees_is_not_a_rule():
+    """A launcher every task starts on: the one pass opened its own app there, the
+    failures (other goals) tapped elsewhere. Tapping that app is that task's, not a
+    workflow: proposed only when min_goals lets a single goal through."""
+    from digirl_lite.actions import Action, format_action
+    from digirl_lite.harness.evidence import Evidence, EvidenceStep
+
+    tree = ('[clock] TextView "12:30" (0,220,1080,480)\n'
+            '[a] TextView "Alpha" (40,560,260,820) clickable\n'
+            '[b] TextView "Beta" (300,560,520,820) clickable')
+    tap_a = format_action(Action.tap(x=150 / 1080, y=690 / 2280))
+    tap_b = format_action(Action.tap(x=410 / 1080, y=690 / 2280))
+
+    def ep(goal, action, el, ok):
+        step = EvidenceStep(0, tree, action, element={"id": el, "text": el})
+        return Evidence("self" if ok else "failure", goal, (step,))
+
+    ev = [ep("Open Alpha", tap_a, "a", True)] + [ep(f"Open Beta {i}", tap_b, "b", False)
+                                                   for i in range(3)]
+    strict = InductionProposer().candidates(ev)
+    assert not [c for k, c in strict if k == "skill" and '"tap"' in c]
+    loose = InductionProposer(min_goals=1).candidates(ev)
+    [rule] = [json.loads(c) for k, c in loose if k == "skill" and '"tap"' in c]
+    assert rule["do"] == {"tap": {"id": "a"}}
+    with pytest.raises(ValueError, match="min_goals"):
+        InductionProposer(min_goals=0)
