@@ -343,3 +343,32 @@ def test_what_one_task_s_pass_did_on_a_screen_every_task_sees_is_not_a_rule():
     assert rule["do"] == {"tap": {"id": "a"}}
     with pytest.raises(ValueError, match="min_goals"):
         InductionProposer(min_goals=0)
+
+
+@pytest.mark.slow
+def test_darwinx_with_the_induction_proposer_and_the_screen_teacher_gates_induced_rules(
+        tmp_path):
+    """The whole loop on the simulator, no LLM and no state: the flawed agent's failures and
+    the screen teacher's reference episodes give a rule typing the goal's span, the gate
+    promotes it, and the evolved harness solves what the agent alone failed."""
+    from digirl_lite.envs.sim.env import SimEnvFactory
+    from digirl_lite.harness.darwinx import DarwinX
+    from digirl_lite.harness.teachers import make_teacher
+    from digirl_lite.rollout.fleet import SyncFleet
+
+    fleet = SyncFleet(SimEnvFactory(tasks="webshop", ui_tree=True), 4, backend="local")
+    agent = Sloppy()
+    runner = HarnessRunner(lambda c, s: HarnessAgent(c, agent), fleet,
+                           tmp_path / "episodes.jsonl", make_teacher("screen"),
+                           seed_torch=False)
+    dx = DarwinX(runner, InductionProposer(), TASKS, tmp_path / "dx", budget=40, k_screen=1,
+                 k_confirm=1, probe_k=1, delta=0.5)
+    archive = dx.run()
+    accepted = [n for n in archive.nodes if n.accepted and n.parent is not None]
+    rules = [json.loads(e["content"]) for n in accepted for e in n.edits if e["kind"] == "skill"]
+    assert any(r["do"] == "type_goal_span" for r in rules), [n.reason for n in archive.nodes]
+    assert all(e["provenance"]["proposer"] == "induction" for n in archive.nodes
+               for e in n.edits)
+    best = max(accepted, key=lambda n: n.G)
+    after = runner.run(Harness.from_dict(best.harness).components, HELD_OUT, 500)
+    assert all(o.success for o in after), [(o.task, o.success) for o in after]
