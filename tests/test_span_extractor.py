@@ -95,16 +95,32 @@ def test_the_extractors_phrasings_key_its_cache(tmp_path):
 
     from digirl_lite.paths import content_key
     from digirl_lite.train.config import sim_quick
-    from digirl_lite.train.starting import span_extractor
+    from digirl_lite.train.starting import SPAN_EXTRACTOR_STEPS, span_extractor
 
     seen: list[dict] = []
     for ph in (None, "wide"):
         c = sim_quick(typed_span_extractor="minilm", copy_typed_text=True,
                       sft_phrasing_share=0.5, typed_span_phrasings=ph)
-        key = content_key("spanx-v1", "minilm", c.world, 0.5, ph or "base", c.sft_seed, 300, 0)
+        key = content_key("spanx-v1", "minilm", c.world, 0.5, ph or "base", c.sft_seed,
+                          SPAN_EXTRACTOR_STEPS, 0)
         d = tmp_path / f"spanx-{key}"
         d.mkdir()
         (d / "span_extractor.json").write_text(json.dumps({"max_width": 16}))
         with pytest.raises(OSError):  # found by its key: the (empty) saved one is opened
             span_extractor(c, cache_dir=tmp_path, log=lambda **kw: seen.append(kw))
         assert seen[-1]["loaded"] == str(d)
+
+
+def test_train_layers_fine_tunes_only_the_top_layers():
+    """``fit(train_layers=k)``: the embeddings and the layers below the top k keep their
+    pretrained weights, the top k and the head move; a k outside the encoder is refused."""
+    ex = SpanExtractor.pretrained(seed=0)
+    layers = ex.model.encoder.layer
+    before = {n: p.detach().clone() for n, p in ex.model.named_parameters()}
+    pairs = extractor_pairs("webshop", 0.0, "base", 0, 0)[:8]
+    ex.fit(pairs, steps=2, batch=4, lr=1e-3, seed=0, train_layers=1)
+    top = f"encoder.layer.{len(layers) - 1}."
+    moved = {n for n, p in ex.model.named_parameters() if not torch.equal(p, before[n])}
+    assert moved and all(n.startswith(top) for n in moved)
+    with pytest.raises(ValueError, match="train_layers must be in 0..6"):
+        ex.fit(pairs, steps=1, batch=4, train_layers=7)

@@ -131,9 +131,12 @@ class SpanExtractor:
         return {"offsets": off, **enc}, start, end
 
     def fit(self, pairs: Sequence[tuple[str, str]], steps: int = 300, batch: int = 32,
-            lr: float = 1e-4, seed: int = 0) -> dict[str, float]:
+            lr: float = 1e-4, seed: int = 0, train_layers: int | None = None
+            ) -> dict[str, float]:
         """Fine-tune encoder and head on (instruction, typed text) pairs (the text's first
-        case-insensitive occurrence is the label; pairs without one are left out)."""
+        case-insensitive occurrence is the label; pairs without one are left out).
+        ``train_layers``: fine-tune only the encoder's top ``train_layers`` layers (and the
+        head), the embeddings and the layers below frozen; None: all of it."""
         labelled = []
         for text, typed in pairs:
             src = _source(text)
@@ -144,7 +147,20 @@ class SpanExtractor:
             raise ValueError(f"{len(labelled)} usable pairs for batches of {batch}")
         rng = random.Random(seed)
         torch.manual_seed(seed)
-        params = list(self.model.parameters()) + list(self.head.parameters())
+        if train_layers is None:
+            params = list(self.model.parameters())
+            for p in params:
+                p.requires_grad_(True)
+        else:
+            layers = self.model.encoder.layer
+            if not 0 <= train_layers <= len(layers):
+                raise ValueError(f"train_layers must be in 0..{len(layers)}, got {train_layers}")
+            params = [p for layer in layers[len(layers) - train_layers:]
+                      for p in layer.parameters()]
+            keep = {id(p) for p in params}
+            for p in self.model.parameters():
+                p.requires_grad_(id(p) in keep)
+        params += list(self.head.parameters())
         opt = torch.optim.AdamW(params, lr=lr)
         self.model.train()
         loss = torch.zeros(())
