@@ -108,6 +108,41 @@ def test_two_processes_share_the_text_encoding(tmp_path):
     assert torch.equal(r0["emb"], _CountingEncoder().encode(texts))
 
 
+def _spanx_worker(rank: int, out: str) -> None:
+    import torch.distributed as tdist
+
+    from digirl_lite.policy.span_extractor import SpanExtractor, extractor_pairs
+
+    tdist.init_process_group("gloo", init_method=f"file://{out}/store", rank=rank,
+                             world_size=2)
+    try:
+        ex = SpanExtractor.pretrained(seed=0)
+        before = dist.weights_digest(ex.model, ex.head)
+        seen: list[str] = []
+        encode = ex._logits
+        ex._logits = lambda texts: (seen.extend(texts), encode(texts))[1]
+        ex.fit(extractor_pairs("webshop", 0.0, "base", 0, 0)[:16], steps=2, batch=6,
+               lr=1e-3, seed=0)
+        torch.save({"before": before, "after": dist.weights_digest(ex.model, ex.head),
+                    "seen": seen}, f"{out}/spanx{rank}.pt")
+        tdist.barrier()
+    finally:
+        tdist.destroy_process_group()
+
+
+@pytest.mark.slow  # two spawned processes loading MiniLM: 10-20 s
+def test_two_processes_fine_tune_one_span_extractor_together(tmp_path):
+    """SpanExtractor.fit in a data-parallel run: each process scores its share of every
+    batch (3 of 6 rows, none twice), and both end with the same weights."""
+    mp.spawn(_spanx_worker, args=(str(tmp_path),), nprocs=2, join=True)
+    r0, r1 = (torch.load(tmp_path / f"spanx{r}.pt", weights_only=False) for r in (0, 1))
+    assert r0["before"] == r1["before"]
+    assert r0["after"] == r1["after"] != r0["before"]
+    assert len(r0["seen"]) == len(r1["seen"]) == 2 * 3
+    for step in (slice(0, 3), slice(3, 6)):
+        assert not set(r0["seen"][step]) & set(r1["seen"][step])
+
+
 @pytest.mark.slow  # two spawned processes: 5-10 s
 def test_collectives_keep_one_set_of_weights_on_gloo(tmp_path):
     """Process 0's weights everywhere after the broadcast; gradients averaged (not summed,

@@ -134,7 +134,8 @@ class SpanExtractor:
             lr: float = 1e-4, seed: int = 0, train_layers: int | None = None
             ) -> dict[str, float]:
         """Fine-tune encoder and head on (instruction, typed text) pairs (the text's first
-        case-insensitive occurrence is the label; pairs without one are left out).
+        case-insensitive occurrence is the label; pairs without one are left out). In a
+        data-parallel run every process must call it: each scores a share of every batch.
         ``train_layers``: fine-tune only the encoder's top ``train_layers`` layers (and the
         head), the embeddings and the layers below frozen; None: all of it."""
         labelled = []
@@ -164,8 +165,13 @@ class SpanExtractor:
         opt = torch.optim.AdamW(params, lr=lr)
         self.model.train()
         loss = torch.zeros(())
+        from digirl_lite import distributed as dist
+
+        rank, world = dist.rank(), dist.world_size()
         for _ in range(steps):
-            rows = rng.sample(labelled, batch)
+            # every process draws the same batch and scores its share; the gradients are
+            # averaged (weighted to the batch's mean), so all end with the same weights
+            rows = rng.sample(labelled, batch)[rank::world]
             enc, s, e = self._logits([r[0] for r in rows])
             a, b = [], []
             for k, (_, i, j) in enumerate(rows):
@@ -176,7 +182,8 @@ class SpanExtractor:
             loss = (torch.nn.functional.cross_entropy(s, torch.tensor(a))
                     + torch.nn.functional.cross_entropy(e, torch.tensor(b)))
             opt.zero_grad()
-            loss.backward()
+            (loss * (len(rows) * world / batch)).backward()
+            dist.average_gradients(params)
             opt.step()
         self.model.eval()
         self._cache.clear()

@@ -35,8 +35,10 @@ def span_extractor(cfg: Any, *, cache_dir: Path | None,
                    log: Callable[..., None] = lambda **kw: None) -> Any:
     """The run's :class:`~digirl_lite.policy.span_extractor.SpanExtractor`
     (``typed_span_extractor``): loaded from ``cache_dir`` by its key, else fine-tuned
-    (deterministic from ``sft_seed``: every process of a run trains the same one) and saved
-    there."""
+    (deterministic from ``sft_seed``) and saved there. In a data-parallel run every process
+    calls it at the same point: they fine-tune it together (each a share of every batch,
+    gradients averaged) and process 0 saves it."""
+    from digirl_lite import distributed as dist
     from digirl_lite.paths import content_key
     from digirl_lite.policy.span_extractor import SpanExtractor, extractor_pairs
 
@@ -48,7 +50,8 @@ def span_extractor(cfg: Any, *, cache_dir: Path | None,
     key = content_key("spanx-v1", c.typed_span_extractor, c.world, share,
                       phrasings, c.sft_seed, SPAN_EXTRACTOR_STEPS, SPAN_EXTRACTOR_DRILLS)
     cached = cache_dir / f"spanx-{key}" if cache_dir else None
-    if cached is not None and (cached / "span_extractor.json").is_file():
+    # in a data-parallel run process 0 decides, all fine-tune together, process 0 saves
+    if dist.broadcast_object(cached is not None and (cached / "span_extractor.json").is_file()):
         log(stage="span_extractor", loaded=str(cached))
         return SpanExtractor.load(cached)
     t0 = time.perf_counter()
@@ -57,7 +60,7 @@ def span_extractor(cfg: Any, *, cache_dir: Path | None,
                                  SPAN_EXTRACTOR_DRILLS), steps=SPAN_EXTRACTOR_STEPS,
                  seed=c.sft_seed)
     log(stage="span_extractor", seconds=round(time.perf_counter() - t0, 1), **fit)
-    if cached is not None:
+    if cached is not None and dist.rank() == 0:
         ex.save(cached)
     return ex
 

@@ -1324,6 +1324,7 @@ class Trainer:
             self.say("starting policy")
             self.build_starting_policy()
             self._finish("starting_policy")
+        self.copy_text()  # the span extractor, here: all processes fine-tune it together
         if not self._done("eval:copier"):
             self.evaluate("copier")
             self._finish("eval:copier")
