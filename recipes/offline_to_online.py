@@ -1,7 +1,12 @@
 """The main job: DigiRL's offline phase on a stored pile, then online iterations, on the
 built-in simulated phone with tiny CPU models (Web Shopping, H = 20, by default).
 
+By default the paper's setting (``recipes/configs/main.json``: a starting policy trained on
+an older phone practises on today's) on a small budget; ``--config`` for another
+(``recipes/configs/``), ``--quick`` for a smoke run of the pipeline on the shipped world.
+
     python recipes/offline_to_online.py                       # the default run
+    python recipes/offline_to_online.py --world general       # the General world
     python recipes/offline_to_online.py --quick --out runs/quick
     python recipes/offline_to_online.py --resume --out runs/webshop   # after a crash or kill
     python recipes/offline_to_online.py --filtered-bc         # Filtered BC alongside
@@ -33,6 +38,8 @@ from digirl_lite.train.cli import (
 from digirl_lite.train.config import ConfigError, with_algorithm
 from digirl_lite.train.trainer import RunStopped, Trainer
 
+MAIN_CONFIG = Path(__file__).resolve().parent / "configs" / "main.json"
+
 
 def main(argv: list[str] | None = None) -> dict:
     ap = run_parser(__doc__.split("\n\n")[0])
@@ -44,7 +51,8 @@ def main(argv: list[str] | None = None) -> dict:
                     help="also run Filtered BC on the same budget (in OUT/filtered_bc)")
     add_processes_argument(ap)
     args = ap.parse_args(argv)
-    cfg = config_from_args(args)  # a config that cannot run fails here, before any launch
+    # a config that cannot run fails here, before any launch
+    cfg = config_from_args(args, default_config=MAIN_CONFIG)
     n, why = args.processes, ""
     if n is None:  # not given: as the run being resumed ran, else where 2 measured faster
         ran_on = processes_of_run(args.out) if args.resume else None

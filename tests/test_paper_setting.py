@@ -65,6 +65,7 @@ def test_current_layout_moves_every_dialog_button_off_where_the_older_one_had_it
         PhoneState(layout="newer")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("world", ["webshop", "general"])
 def test_the_expert_solves_the_live_phone_and_the_copier_fails_it_on_decisions(world):
     """The tasks stay solvable on today's phone (the scripted expert, at least 95% of the
@@ -122,6 +123,7 @@ def test_recoveries_and_failure_causes_from_the_state():
 SHOP_STATE = PhoneState(page=SHOP, history=(Page(),))
 
 
+@pytest.mark.slow
 def test_layout_and_demonstration_phone_are_checked_by_name_and_reach_the_phones(tmp_path):
     """``sim_layout`` and ``sft_phone``: an unknown name is a ConfigError naming the field and
     the allowed values before anything runs; the layout reaches the run's phones and keys its
@@ -200,3 +202,57 @@ def test_per_world_fields_of_a_config_file_apply_to_their_world_only(tmp_path):
     p.write_text(json.dumps({"per_world": {"webshop": 0.0}}))
     with pytest.raises(ConfigError, match="per_world must map"):
         load_config(p)
+
+
+def test_the_main_job_runs_the_paper_setting_on_its_own_budget():
+    """Issue 47 item 6: the recipe's default config (no --config, no --quick) is
+    recipes/configs/main.json: the paper setting (its base, paper_setting.json, per_world
+    included) on the main job's budget; --quick stays the shipped world's smoke preset."""
+    import argparse
+    import runpy
+
+    from digirl_lite.train.cli import config_from_args
+    from digirl_lite.train.config import load_config
+
+    recipe = runpy.run_path(str(ROOT / "recipes" / "offline_to_online.py"))
+    main = recipe["MAIN_CONFIG"]
+    assert main == ROOT / "recipes" / "configs" / "main.json"
+    args = argparse.Namespace(config=None, quick=False, seed=None, world=None, set=[],
+                              processes=1)
+    for world in ("webshop", "general"):
+        args.world = world
+        cfg = config_from_args(args, default_config=main)
+        paper = load_config(ROOT / "recipes" / "configs" / "paper_setting.json", world=world)
+        budget = {"pile_size": 256, "offline_critic_updates": 100,
+                  "offline_actor_updates": 100, "iterations": 10, "eval_every": 10}
+        assert cfg.as_dict() == {**paper.as_dict(), **budget}
+    args.world, args.quick = None, True
+    quick = config_from_args(args, default_config=main)
+    assert (quick.sim_layout, quick.copy_typed_text, quick.pile_size) == ("older", False, 24)
+
+
+def test_a_config_file_may_build_on_a_base_file(tmp_path):
+    """``"base"``: the fields of a file beside it, overridden by its own (per_world merged
+    world by world); a missing base, a base that leads back to itself or one that is not a
+    path is a ConfigError naming the file."""
+    from digirl_lite.errors import ConfigError
+    from digirl_lite.train.config import load_config
+
+    (tmp_path / "a.json").write_text(json.dumps({
+        "seed": 3, "iterations": 7,
+        "per_world": {"general": {"sft_popup_back_share": 0.35, "seed": 4}}}))
+    (tmp_path / "b.json").write_text(json.dumps({
+        "base": "a.json", "iterations": 2, "per_world": {"general": {"seed": 5}}}))
+    b = load_config(tmp_path / "b.json")
+    assert (b.seed, b.iterations) == (3, 2)
+    g = load_config(tmp_path / "b.json", world="general")
+    assert (g.seed, g.iterations, g.sft_popup_back_share) == (5, 2, 0.35)
+    (tmp_path / "c.json").write_text(json.dumps({"base": "none.json"}))
+    with pytest.raises(ConfigError, match="no config file .*none.json .*the base of"):
+        load_config(tmp_path / "c.json")
+    (tmp_path / "a.json").write_text(json.dumps({"base": "b.json"}))
+    with pytest.raises(ConfigError, match="its bases lead back to it"):
+        load_config(tmp_path / "b.json")
+    (tmp_path / "d.json").write_text(json.dumps({"base": 3}))
+    with pytest.raises(ConfigError, match="base must be a config file's path"):
+        load_config(tmp_path / "d.json")

@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 from digirl_lite.train.config import ConfigError, load_config, sim_quick, sim_webshop
@@ -138,10 +139,12 @@ def launch_processes(n: int, script: str, argv: list[str]) -> int:
     return subprocess.run(cmd, env=env).returncode
 
 
-def config_from_args(args: argparse.Namespace, **extra: Any):
+def config_from_args(args: argparse.Namespace, default_config: str | Path | None = None,
+                     **extra: Any):
     """The run's config: the preset (``--quick`` or the default simulated Web Shopping),
-    then ``--config``, ``--world``/``--seed``, ``--set`` and ``extra``. Exits with the reason
-    when the config cannot run (bad field, missing path)."""
+    then ``--config`` (without it and without ``--quick``: ``default_config`` where given),
+    ``--world``/``--seed``, ``--set`` and ``extra``. Exits with the reason when the config
+    cannot run (bad field, missing path)."""
     overrides: dict[str, Any] = {}
     for name in ("seed", "world"):
         if getattr(args, name, None) is not None:
@@ -156,8 +159,9 @@ def config_from_args(args: argparse.Namespace, **extra: Any):
             overrides[key] = value
     overrides.update(extra)
     try:
-        if args.config:
-            return _share(load_config(args.config, preset="sim_quick" if args.quick else None,
+        path = args.config or (None if args.quick else default_config)
+        if path:
+            return _share(load_config(path, preset="sim_quick" if args.quick else None,
                                       **overrides), args)
         cfg = (sim_quick if args.quick else sim_webshop)(**overrides)
         cfg.check_paths()

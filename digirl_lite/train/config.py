@@ -1226,20 +1226,50 @@ def sim_quick(**overrides: Any) -> DigiRLConfig:
     return sim_webshop(**{**base, **overrides})
 
 
-def load_config(path: str | Path, preset: str | None = None,
-                **overrides: Any) -> DigiRLConfig:
-    """A JSON config file (DigiRLConfig fields; ``"preset": "sim_webshop" | "sim_quick" |
-    "paper"`` picks the base, ``preset`` overrides it; ``"per_world": {world: {fields}}``
-    adds the fields of the run's world), with ``overrides`` on top. Paths are checked
-    (:meth:`DigiRLConfig.check_paths`)."""
-    p = Path(path)
+def _config_fields(p: Path, _seen: tuple[Path, ...] = ()) -> dict[str, Any]:
+    """A config file's fields, on top of those of its ``"base"`` file (a path relative to
+    it; bases may have bases); ``per_world`` merged world by world; "_comment" fields left
+    out."""
     if not p.is_file():
-        raise ConfigError(f"no config file {p}")
+        raise ConfigError(f"no config file {p}" + (f" (the base of {_seen[-1]})"
+                                                    if _seen else ""))
+    if p.resolve() in _seen:
+        raise ConfigError(f"{p}: its bases lead back to it ({' -> '.join(map(str, _seen))})")
     try:
         d = json.loads(p.read_text())
     except json.JSONDecodeError as e:
         raise ConfigError(f"{p} is not valid JSON: {e}") from None
+    if not isinstance(d, dict):
+        raise ConfigError(f"{p}: a config file is a JSON object of fields")
     d = {k: v for k, v in d.items() if not k.startswith("_")}  # "_comment" fields
+    base = d.pop("base", None)
+    if base is None:
+        return d
+    if not isinstance(base, str) or not base:
+        raise ConfigError(f"{p}: base must be a config file's path, got {base!r}")
+    under = _config_fields(p.parent / base, (*_seen, p.resolve()))
+    mine = d.get("per_world", {})
+    if not isinstance(mine, dict):
+        raise ConfigError(f"{p}: per_world must map a world name to a dict of fields, got "
+                          f"{mine!r}")
+    worlds = {**under.get("per_world", {})}
+    for w, fields in mine.items():
+        worlds[w] = {**worlds.get(w, {}), **fields} if isinstance(fields, dict) else fields
+    out = {**under, **d}
+    if worlds:
+        out["per_world"] = worlds
+    return out
+
+
+def load_config(path: str | Path, preset: str | None = None,
+                **overrides: Any) -> DigiRLConfig:
+    """A JSON config file (DigiRLConfig fields; ``"preset": "sim_webshop" | "sim_quick" |
+    "paper"`` picks the base, ``preset`` overrides it; ``"per_world": {world: {fields}}``
+    adds the fields of the run's world; ``"base": "other.json"``, a file beside it whose
+    fields it overrides), with ``overrides`` on top. Paths are checked
+    (:meth:`DigiRLConfig.check_paths`)."""
+    p = Path(path)
+    d = _config_fields(p)
     preset = preset or d.pop("preset", "sim_webshop")
     d.pop("preset", None)
     base = {"sim_webshop": sim_webshop, "sim_quick": sim_quick, "paper": DigiRLConfig}
