@@ -494,6 +494,7 @@ def llm_backend(server):
                          timeout_s=10)
 
 
+@pytest.mark.slow
 def test_llm_triage_against_openai_server(openai_server):
     stuck = trace("t-stuck", False, [POPUP] * 2, [SEARCH] * 2, changed=[False] * 2)
     clean = trace("t-clean", True, [PAGE], [SEARCH])
@@ -528,6 +529,7 @@ def test_llm_triage_against_openai_server(openai_server):
         tri.triage([stuck], cycle=3)
 
 
+@pytest.mark.slow
 def test_cycle_goes_on_after_an_llm_reply_that_does_not_parse(openai_server):
     bank = ExperienceBank()
     bank.admit(unit("a"))
@@ -598,6 +600,7 @@ def sim_fleet():
     fleet.close()
 
 
+@pytest.mark.slow
 def test_expert_traces_give_an_exploit_unit(sim_fleet):
     from digirl_lite.data import ScreenTable
     from digirl_lite.envs.sim.agents import ScriptedExpert

@@ -83,6 +83,7 @@ def _type_head(tok) -> list[int]:
     return ids
 
 
+@pytest.mark.slow
 def test_random_scores_type_only_spans(tok):
     """Whatever the model's scores, under the grammar and the copy mask every TYPE written is
     a span of its own row's instruction, and no row is ever left without a token."""
@@ -112,6 +113,7 @@ def test_random_scores_type_only_spans(tok):
     assert len(set(texts)) > 8  # the mask leaves the choice of span to the scores
 
 
+@pytest.mark.slow
 def test_without_the_mask_random_scores_leave_the_spans(tok):
     """The test above can fail: the grammar alone types text no span allows."""
     head = _type_head(tok)
@@ -149,6 +151,7 @@ def shipped():
     return AutoUIPolicy.load(data_dir() / "policies" / "sft-webshop")
 
 
+@pytest.mark.slow
 def test_shipped_policy_types_spans_and_is_untouched_elsewhere(shipped):
     """The shipped policy on expert screens whose goals are rewritten in held-out phrasings,
     sampled: with ``copy_text`` every TYPE is a span of its goal; every row whose unmasked
@@ -189,6 +192,7 @@ def test_shipped_policy_types_spans_and_is_untouched_elsewhere(shipped):
 
 @pytest.mark.parametrize("constrained, copy_once", [(True, False), (True, True),
                                                      (False, False)])
+@pytest.mark.slow
 def test_on_policy_updates_score_under_the_sampling_masks(shipped, constrained, copy_once):
     """PPO's and GRPO's ratio (issue 47, item 5): the shipped policy's tokens sampled under
     the grammar and the copy mask (with the texts typed before), scored again under the
@@ -273,6 +277,7 @@ def _draw(tok, prompts, seed=2, **kw):
     return [parse_action(s).typed_text.lower() for s in tok.batch_decode(ids[:, 1:])]
 
 
+@pytest.mark.slow
 def test_a_span_chooser_narrows_typing_to_its_spans(tok):
     """With a chooser, random scores type only its spans (the address or the product), each
     whole; without one they typed many others (the test above)."""
@@ -286,6 +291,7 @@ def test_a_span_chooser_narrows_typing_to_its_spans(tok):
     assert {t for t in typed} == {t for v in want.values() for t in v}  # each one chosen
 
 
+@pytest.mark.slow
 def test_a_text_typed_already_is_not_copied_again(tok):
     """``typed``: with a chooser, a row whose episode typed the address types only the
     product; a row that typed both may type either again (no span is left otherwise); a row
@@ -305,6 +311,7 @@ def test_a_text_typed_already_is_not_copied_again(tok):
         copy_logits_processor(tok, [build_prompt(ins)] * 2, typed=[[]])
 
 
+@pytest.mark.slow
 def test_without_a_chooser_a_typed_text_does_not_close_again(tok):
     """Any-span mode: the typed text is never closed again, its longer and shorter spans
     still are (random scores type it often without ``typed``: the test can fail)."""
@@ -318,6 +325,7 @@ def test_without_a_chooser_a_typed_text_does_not_close_again(tok):
     assert len(set(once)) > 5
 
 
+@pytest.mark.slow
 def test_the_agent_keeps_each_episodes_typed_texts(shipped):
     """``PolicyBatchAgent(copy_once=True)`` with the shipped policy on the screens where the
     expert types (the chooser offers the address and the product): a slot never types a

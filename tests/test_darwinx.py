@@ -386,6 +386,7 @@ def test_evolution_tasks_never_come_from_the_test_lists():
         assert tasks == evolution_tasks(world, 40, seed=3, exclude=test)  # seeded
 
 
+@pytest.mark.slow
 def test_the_scripted_proposer_turns_evidence_into_edits_it_has_not_tried(tmp_path):
     """Evidence from real simulator episodes: a blind agent that never dismisses a pop-up,
     and the expert's episodes as the teacher."""

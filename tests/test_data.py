@@ -377,6 +377,7 @@ def test_screen_table_offload_swaps_images_for_loaders():
     assert screen_id_of_image(t.image("lazy")) == screen_id_of_image(_img(3))
 
 
+@pytest.mark.slow
 def test_append_leaves_written_screens_as_loaders_from_the_store(tmp_path):
     """A run appends every iteration: what the store holds must not stay decoded too."""
     trajs, screens = random_pile(8, seed=3, horizon=4, feature_dim=8, n_screens=10)
@@ -400,6 +401,7 @@ def test_append_leaves_written_screens_as_loaders_from_the_store(tmp_path):
     assert kept_screens.in_memory() == len(kept_screens)
 
 
+@pytest.mark.slow
 def test_append_offloads_screens_stored_before_and_seen_again(tmp_path):
     """A run drops a stored screen from its table (evicted) and later sees it again: the
     next append turns it back into a loader from the shard that holds it."""
@@ -457,6 +459,7 @@ def test_screen_table_remove_keeps_ids_features_and_matrix_consistent():
     assert ids[0] == "s0"
 
 
+@pytest.mark.slow
 def test_screen_table_remove_is_one_compaction_not_one_per_row():
     import time
 
@@ -757,6 +760,7 @@ class TestStoreIndex:
             TrajectoryStore.create(path, 8, exist_ok=True).append(trajs, screens)
         return path, parts
 
+    @pytest.mark.slow
     @pytest.mark.parametrize("fresh_process", [False, True])
     def test_append_reads_no_earlier_shard_table(self, tmp_path, monkeypatch, fresh_process):
         path, parts = self._three_shards(tmp_path)
@@ -776,6 +780,7 @@ class TestStoreIndex:
         written = set(shard_screen_ids(path / "shard-00003"))
         assert written == referenced_screens(trajs) - referenced_screens(everything[:12])
 
+    @pytest.mark.slow
     def test_traj_ids_exact_after_reopen_and_across_objects(self, tmp_path, monkeypatch):
         path, parts = self._three_shards(tmp_path)
         want = {t.traj_id for p in parts for t in p[0]}
@@ -796,6 +801,7 @@ class TestStoreIndex:
         assert a.stored_screen_ids() == set(load_trajectories(path)[1].ids)
         assert "nope" not in a and len(a) == len(want)
 
+    @pytest.mark.slow
     @pytest.mark.parametrize("crash", ["before_rename", "before_manifest"])
     def test_traj_ids_exact_after_a_crashed_append(self, tmp_path, monkeypatch, crash):
         path, parts = self._three_shards(tmp_path)
@@ -824,6 +830,7 @@ class TestStoreIndex:
         assert TrajectoryStore.open(path).traj_ids() == want | {t.traj_id for t in new}
         assert load_trajectories(path)[0] == [t for p in parts for t in p[0]] + new
 
+    @pytest.mark.slow
     def test_stores_without_ids_files_are_read_from_their_tables(self, tmp_path, monkeypatch):
         path, parts = self._three_shards(tmp_path)
         # as written before ids.json: no index files, no store or shard ids

@@ -72,6 +72,7 @@ def _both(policy, prompts, img, max_new, make_processors, seed):
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("constrained", [False, True])
 def test_decode_samples_what_generate_samples_on_the_shipped_policy(shipped, demo,
                                                                    constrained):
@@ -91,6 +92,7 @@ def test_decode_samples_what_generate_samples_on_the_shipped_policy(shipped, dem
             assert all(parse_action(t.strip("\n")) is not None for t in texts)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("shape", [
     {},  # the preset's shape, tied head
     {"tie_word_embeddings": False},

@@ -221,6 +221,7 @@ def test_main_job_on_two_processes(tmp_path):
     assert dist.weights_digest(saved.model, sc, ic) == digests[0]
 
 
+@pytest.mark.slow
 def test_processes_divide_the_budget_and_name_what_they_cannot_divide():
     from digirl_lite.train.cli import SPLIT_FIELDS, per_process
     from digirl_lite.train.config import ConfigError, sim_webshop

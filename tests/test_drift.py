@@ -48,6 +48,7 @@ def test_reset_option_moves_the_phone_to_a_day():
 
 @pytest.mark.parametrize("fleet", ["local", "async", pytest.param("process",
                                                                   marks=pytest.mark.slow)])
+@pytest.mark.slow
 def test_fleets_pass_reset_options_to_every_reset(fleet):
     with make_fleet(fleet, SimEnvFactory(tasks="webshop_test", surprises=Surprises.none()),
                     n_envs=2) as f:

@@ -64,6 +64,7 @@ def _quarantine_lines(caplog):
     return [r.getMessage() for r in caplog.records if "left the fleet" in r.getMessage()]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fleet", ["sync", "process", "async"])
 def test_a_phone_lost_mid_collection_loses_no_task(fleet, phones, caplog):
     """The issue's lost phone: killed mid-collection, it no longer drains the queue. Every
@@ -91,6 +92,7 @@ def test_a_phone_lost_mid_collection_loses_no_task(fleet, phones, caplog):
     assert report["not_evaluated"] == []
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fleet", ["sync", "async"])
 def test_a_restarted_phone_rejoins_the_fleet(fleet, phones):
     """A phone killed, then served again on its port: probed, it comes back."""
@@ -117,6 +119,7 @@ def test_a_restarted_phone_rejoins_the_fleet(fleet, phones):
     assert all(phones[2].url in e["device"] for e in s.device_events)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fleet", ["sync", "async"])
 def test_no_phone_left_stops_with_what_finished(fleet, phones):
     """Every phone killed mid-collection: the fleet stops with :class:`NoDevicesLeft`, the
@@ -194,6 +197,7 @@ class _Hung(_Down):
         raise TimeoutError(f"no answer in {self.wait_s} s")
 
 
+@pytest.mark.slow
 def test_probing_a_hung_phone_does_not_hold_up_the_lockstep_fleet():
     """A quarantined phone that hangs is probed on a thread of its own: the live phone's
     episodes go on at their own pace (probed every round here, each probe 1.5 s)."""
@@ -224,6 +228,7 @@ def _paper(url: str, **kw) -> dict:
                         "api_key_env": None}}
 
 
+@pytest.mark.slow
 def test_a_judge_that_is_down_is_refused_before_any_collection(tmp_path):
     """The issue's dead judge: a refused connection, an error status and a reply without a
     status each stop the run at its start, in seconds, with the URL and the answer."""
@@ -252,6 +257,7 @@ def test_a_judge_that_is_down_is_refused_before_any_collection(tmp_path):
         assert not (tmp_path / "d" / "store").exists()  # nothing collected
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fleet", ["sync", "async"])
 def test_a_judge_that_goes_down_mid_collection_stops_it_in_time(fleet, caplog):
     """The judge's server fails every request from mid-collection on: each backoff is one

@@ -184,6 +184,7 @@ def _index(episode) -> int:
     return int(episode.trajectory.traj_id.rsplit("-", 1)[1])
 
 
+@pytest.mark.slow
 def test_take_in_completion_order_favours_short_episodes_and_in_start_order_does_not():
     """Three phones on long, long, short, short, ... (a long episode takes 0.55 s, a short
     one 0.05 s): the first two to complete are the two short ones (tasks 2 and 3), the
@@ -204,6 +205,7 @@ def test_take_in_completion_order_favours_short_episodes_and_in_start_order_does
                                   order="shortest")
 
 
+@pytest.mark.slow
 def test_a_stop_in_start_order_keeps_only_what_started_before_the_oldest_running():
     """After the long tasks 0 and 1 are taken, phones run 2, 3 (short), 4, 5 (long), 6, 7
     (short), ...; a stop 0.3 s later finds 5 still running: 2, 3, 4 are returned in order,
@@ -232,6 +234,7 @@ def test_agent_errors_surface_in_collect():
     assert isinstance(err.value.__cause__, ZeroDivisionError)
 
 
+@pytest.mark.slow
 def test_infrastructure_truncations_stay_out_of_training_unless_asked():
     fleet = SyncFleet(SimEnvFactory(tasks="webshop_test", faults={"crash": 0.3}), 2)
     trajs = [e.trajectory for e in fleet.collect(expert(), TASKS, ScreenTable(),

@@ -312,6 +312,7 @@ def test_the_general_splits_parse_in_the_test_lists_mix_and_resolve_by_name():
         assert [t.text for t in split_task_list(cfg, split)] == GENERAL[split]
 
 
+@pytest.mark.slow
 def test_unseen_names_are_in_no_list_and_no_demonstration_or_drill_writes_them():
     from itertools import islice
 
@@ -397,6 +398,7 @@ def test_the_general_split_files_are_what_build_task_sets_makes():
         assert sets[f"general_{split}.txt"] == GENERAL[split]
 
 
+@pytest.mark.slow
 def test_the_expert_solves_the_general_split_tasks():
     """Without surprises (with them, it misses the same seeds on the test list as here)."""
     from digirl_lite.envs.sim import SimPhoneEnv

@@ -102,6 +102,7 @@ def test_features_are_the_overlapping_states_on_the_goal_only(tok, feats):
     assert enc["lang"][1, int(plain["attention_mask"][1].sum()):].abs().sum() == 0  # pads
 
 
+@pytest.mark.slow
 def test_policy_reads_the_features_and_trains_only_its_own_weights(policy):
     prompts = [build_prompt("At ebay.com, look up a crucial mx500 ssd"),
                build_prompt('Go to costco.com, search for "razer kiyo", and select the first '
@@ -139,6 +140,7 @@ def test_policy_reads_the_features_and_trains_only_its_own_weights(policy):
         policy.model.lang_dense.weight.copy_(w)
 
 
+@pytest.mark.slow
 def test_saved_policy_loads_with_its_features(policy, tmp_path):
     prompts = [build_prompt("i need a sony wh-ch720n from newegg.com")]
     img = np.zeros((1, policy.img_dim), np.float32)
@@ -215,6 +217,7 @@ def test_goal_token_dropout_trains_through_the_features_and_acts_with_everything
     assert sft_key(on) != sft_key(sim_quick(goal_features="minilm", starting_policy="sft"))
 
 
+@pytest.mark.slow
 def test_pretrained_token_table_is_frozen_distinct_and_saved(feats, tmp_path):
     """``token_embeddings`` "minilm": every piece of the vocabulary gets its own row (copying
     tells them apart), words MiniLM knows as alike sit closer than unlike ones, the table is

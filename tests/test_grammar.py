@@ -65,6 +65,7 @@ actions = st.one_of(
 )
 
 
+@pytest.mark.slow
 @settings(max_examples=60, deadline=None)
 @given(actions)
 def test_every_canonical_action_string_is_in_the_language(action):
@@ -118,6 +119,7 @@ def test_token_strings_rebuild_what_the_tokenizer_decodes(policy, make):
     assert v.eos_id in v.ends
 
 
+@pytest.mark.slow
 def test_the_processor_never_masks_every_token(policy):
     """In every state reached by the grammar, with any budget (none left included), and in
     states the mask can never lead to, some token stays allowed."""
@@ -170,6 +172,7 @@ def test_every_constrained_sample_of_a_random_policy_is_a_valid_action(policy):
     assert sum(not parse_action(s).is_valid for s in free) > 48
 
 
+@pytest.mark.slow
 def test_a_tight_cap_still_ends_every_action(policy):
     out = _sample(policy, 16, constrained=True, max_new_tokens=16, seed=3)
     assert all(parse_action(s).is_valid for s in out), out

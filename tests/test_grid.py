@@ -126,6 +126,7 @@ def test_t_quantiles_and_clipping():
     assert grid.stage_stats(recs, "online")["ci95_seeds"][1] == 1.0  # ...the table's is
 
 
+@pytest.mark.slow
 def test_table_files(hand_results):
     spec, res = hand_results
     paths = grid.write_table(spec, res)
@@ -271,6 +272,7 @@ def test_a_job_another_live_runner_holds_is_left_alone(fake_grid):
     assert grid.run_jobs([held], 1, check_configs=False, poll_s=0.05)["ran"] == [held]
 
 
+@pytest.mark.slow
 def test_a_job_stays_held_while_it_runs_after_its_runner_is_killed(fake_grid, tmp_path):
     """The job's process inherits its lock: a runner killed with SIGKILL leaves the job held
     until the job ends, so no other runner starts it again or clears its folder."""
@@ -463,6 +465,7 @@ def _change_code(repo: Path, text: str) -> str:
     return _head(repo)
 
 
+@pytest.mark.slow
 def test_a_dirty_tree_is_refused_unless_allowed(fake_grid, capsys):
     spec, runs, results = fake_grid
     repo = grid.ROOT
@@ -556,6 +559,7 @@ def test_attempts_from_before_records_come_from_the_log(fake_grid):
     assert r["git"]["commits"] == [None, new["commit"]]
 
 
+@pytest.mark.slow
 def test_rerun_stale_reruns_what_is_not_on_the_commit(fake_grid, capsys):
     spec, runs, results = fake_grid
     repo = grid.ROOT

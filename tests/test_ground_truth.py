@@ -94,6 +94,7 @@ def _hand_count(episodes):
     return cells
 
 
+@pytest.mark.slow
 def test_a_noisy_judge_and_the_truth_differ_and_the_matrix_counts_the_episodes():
     judge = {"judge": "noisy_oracle", "false_success_rate": 0.15, "false_failure_rate": 0.5,
              "seed": 1}
@@ -113,6 +114,7 @@ def test_a_noisy_judge_and_the_truth_differ_and_the_matrix_counts_the_episodes()
     assert report["true_success_rate"] != report["success_rate"]
 
 
+@pytest.mark.slow
 def test_with_the_oracle_the_judge_and_the_truth_agree_exactly():
     fleet = LocalFleet(SimEnvFactory(tasks="webshop_test"), n_envs=4)
     report, eps = evaluate(fleet, ScriptedBatchAgent(lambda slot: Copier(seed=slot)),
@@ -146,6 +148,7 @@ class FlakyJudge:
         return self.oracle.judge(task, prev, cur, state=state)
 
 
+@pytest.mark.slow
 def test_unjudged_episodes_are_counted_both_ways_and_keep_their_truth():
     fleet = LocalFleet(lambda slot: SimPhoneEnv("webshop_test", judge=FlakyJudge(), seed=slot,
                                                 surprises=NONE), n_envs=2)
@@ -164,6 +167,7 @@ def test_unjudged_episodes_are_counted_both_ways_and_keep_their_truth():
     assert s["judge_agreement"]["episodes"] == s["judged_episodes"]
 
 
+@pytest.mark.slow
 def test_the_truth_crosses_process_boundaries():
     """Worker processes ship each step's ``info``; the truth and the milestone arrive with
     it, as in process."""

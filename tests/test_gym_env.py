@@ -18,6 +18,7 @@ from digirl_lite.actions import Action, format_action
 WEBSHOP_TASK = "Go to ebay.com, search for 'logitech g910'"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("env_id", sorted(digirl_lite.GYM_IDS))
 @pytest.mark.parametrize("ui_tree", [False, True])
 def test_check_env_passes_on_both_worlds(env_id, ui_tree):
@@ -35,6 +36,7 @@ def test_check_env_passes_on_both_worlds(env_id, ui_tree):
     env.close()
 
 
+@pytest.mark.slow
 def test_make_works_from_a_fresh_interpreter_with_only_the_import():
     code = ("import gymnasium as gym, digirl_lite; e = gym.make('digirl_lite/SimPhone-v0'); "
             "o, i = e.reset(seed=0); print(o['screenshot'].shape, type(e.unwrapped).__name__)")
@@ -43,6 +45,7 @@ def test_make_works_from_a_fresh_interpreter_with_only_the_import():
     assert out.stdout.split() == ["(456,", "216,", "3)", "SimPhoneGymEnv"]
 
 
+@pytest.mark.slow
 def test_an_expert_episode_ends_terminated_with_the_ground_truth_reward():
     """The scripted expert drives the Gymnasium env to success: reward 1 on the last step,
     terminated (not truncated), info's ground truth agrees."""
@@ -73,6 +76,7 @@ def test_unparseable_actions_are_steps_not_exceptions_and_the_budget_truncates()
     assert "Previous Actions: " in obs["prompt"]
 
 
+@pytest.mark.slow
 def test_the_structured_action_space():
     env = gym.make("digirl_lite/SimPhone-v0", task=WEBSHOP_TASK, action_space="structured")
     check_env(env.unwrapped)
@@ -96,6 +100,7 @@ def test_the_structured_action_space():
     assert reward == 0.0 and info["invalid_reason"] and info["action"] is None
 
 
+@pytest.mark.slow
 def test_vector_environments():
     envs = gym.make_vec("digirl_lite/SimPhone-v0", num_envs=3, screen_size=(64, 32))
     obs, info = envs.reset(seed=[0, 1, 2])

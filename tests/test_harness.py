@@ -227,6 +227,7 @@ def test_who_decided_is_on_every_step_of_a_fleet_s_episodes_and_in_the_store(tmp
         [s.decided_by for t in trajs for s in t.steps]
 
 
+@pytest.mark.slow
 def test_common_random_numbers_a_row_draws_the_same_whatever_its_batch():
     """With row seeds a row's sample does not depend on the other rows (so a harness that
     takes some phones away from the agent leaves the others' draws as they were)."""

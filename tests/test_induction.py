@@ -104,6 +104,7 @@ def _code_strings(module) -> list[str]:
             if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in docs]
 
 
+@pytest.mark.slow
 def test_no_primitive_or_template_names_a_simulator_element_site_or_app():
     names = _simulator_names()
     # the reading finds what the simulator draws: the check below can fail
@@ -245,6 +246,7 @@ HELD_OUT = ["Go to target.com, search for 'blender'", 'Go to costco.com, search 
             'Go to walmart.com, search for "power drill", and select the first entry']
 
 
+@pytest.mark.slow
 def test_rules_induced_from_a_frozen_agent_s_own_episodes_fix_its_failures():
     """The agent solves the tasks whose span has an even length and fails the others; the
     proposer's best rule types the span where its passes did, and on held-out tasks (other

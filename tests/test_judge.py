@@ -202,6 +202,7 @@ def test_paper_judge_retries_then_succeeds():
     assert shot[-1].size == (270, 570)  # 4x smaller per side
 
 
+@pytest.mark.slow
 def test_paper_judge_gives_unjudged_not_failure_after_exhaustion():
     j, backend, delays = _paper([BackendError("500", True, 500)] * 5)
     r = j.judge(TASK, big(1), big(2))
@@ -216,6 +217,7 @@ def test_paper_judge_gives_unjudged_not_failure_after_exhaustion():
     assert j3.judge(TASK, big(1), big(2)).verdict is Verdict.UNJUDGED and len(b3.requests) == 1
 
 
+@pytest.mark.slow
 def test_paper_judge_guards_and_unjudged_screens_are_not_remembered():
     j, backend, _ = _paper([BackendError("500", True, 500)] * 5 + ["Status: failure"])
     s = big(2)
@@ -274,6 +276,7 @@ def _states(n):
                                  order=tuple(range(8)))) for i in range(n)]
 
 
+@pytest.mark.slow
 def test_noisy_oracle_error_rates_and_determinism():
     noisy = NoisyOracleJudge(false_success_rate=0.1, false_failure_rate=0.3, seed=1)
     fail_task = 'Go to ebay.com, search for "x"'

@@ -33,6 +33,8 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
+import pytest
+
 PACKAGE = Path(__file__).resolve().parents[1] / "digirl_lite"
 
 LAYERS: list[set[str]] = [
@@ -155,6 +157,7 @@ def _explain(edges: dict[Edge, list[Where]], units: list[str]) -> str:
     return "\n".join(lines)
 
 
+@pytest.mark.slow
 def test_no_circle_between_subpackages():
     edges = unit_graph()
     cycles = find_cycles(edges)
@@ -162,6 +165,7 @@ def test_no_circle_between_subpackages():
         f"{' <-> '.join(c)}\n{_explain(edges, c)}" for c in cycles)
 
 
+@pytest.mark.slow
 def test_every_import_goes_down_the_layers():
     edges = unit_graph()
     rank = dict(RANK)

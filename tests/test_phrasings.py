@@ -200,6 +200,7 @@ def test_unseen_products_split_names_no_train_or_test_product_and_held_out_sites
     assert set(TRAIN_SITES) | set(HELD_OUT_SITES) == set(SITES)
 
 
+@pytest.mark.slow
 def test_the_expert_solves_every_split_task():
     from digirl_lite.envs.sim import SimPhoneEnv
     from digirl_lite.envs.sim.agents import ScriptedExpert
@@ -253,6 +254,7 @@ def test_phrasing_shares_are_checked():
             sim_webshop(world="general", **{name: 0.5})
 
 
+@pytest.mark.slow
 def test_train_phrasings_wide_reaches_every_use_and_key(tmp_path):
     """``train_phrasings`` "wide": the train tasks, the demonstrations and the copy drills are
     written with the wide set; the starting policy's and the pile's keys change with it (a

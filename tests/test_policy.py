@@ -395,6 +395,7 @@ def test_bf16_updates_stay_close_to_fp32_and_restore_the_attention():
             pass
 
 
+@pytest.mark.slow
 def test_bf16_updates_in_one_region_see_the_weights_the_optimizer_moved():
     """Issue 28's bf16 collapse: the updates of a phase run in one actor_precision region,
     and each forward there must read the weights as the last optimizer step left them (with
@@ -514,6 +515,7 @@ def test_value_head_saves_and_loads_with_the_policy_and_is_fresh_where_absent(tm
     assert shipped.value_head_fresh
 
 
+@pytest.mark.slow
 def test_sample_records_the_tokens_and_log_probs_it_drew():
     """Issue 17, item 3's old log-probabilities: sample() returns the token ids the model
     wrote and each one's log-probability as drawn. Unconstrained at temperature 1 they are

@@ -167,6 +167,7 @@ def _batch_from_samples(policy, n=6, adv_sign=(1, -1), seed=0):
                     [d.log_probs for d in drawn], adv, ret)
 
 
+@pytest.mark.slow
 def test_ppo_update_starts_at_ratio_one_and_moves_likelihood_with_the_advantage():
     """ppo_update on the behaviour policy's own samples: the first ratio is 1 (no clip, no
     KL, the loss is -mean(A)); updates raise the likelihood of tokens with A > 0 and lower
@@ -193,6 +194,7 @@ def test_ppo_update_starts_at_ratio_one_and_moves_likelihood_with_the_advantage(
     assert last["clip_fraction"] > 0  # the ratios ran past the clip range by now
 
 
+@pytest.mark.slow
 def test_the_critic_warm_up_moves_only_the_value_head():
     """update_policy=False (DARWIN.md A.6's warm-up): the T5 body and the LM head stay as
     they were, the value head fits the returns."""
@@ -305,6 +307,7 @@ def test_grpo_leaves_infrastructure_truncations_out_of_their_group(tmp_path):
     assert [r[3][0] for r in rows] == pytest.approx([1.0, -1.0], abs=1e-4)  # std + eps
 
 
+@pytest.mark.slow
 def test_value_bias_sets_a_fresh_heads_bias_and_only_ppo_reads_it(tmp_path):
     """A.6's ablation by config: the fresh value head's output bias (0.1 by default; 0 with
     no warm-up is the setting A.6 says collapses)."""
@@ -345,6 +348,7 @@ def test_ppo_update_weighs_tokens_by_the_batch_weights():
             ppo_update(p, opt, b._replace(weights=bad))
 
 
+@pytest.mark.slow
 def test_trajectory_loss_norm_weighs_every_trajectory_alike(tmp_path):
     """policy_loss_norm="trajectory": a token's weight is 1 / its trajectory's tokens, so a
     GRPO group of a one-step success and a three-step failure pulls with net advantage 0
@@ -414,6 +418,7 @@ def test_draw_groups_split_a_task_drawn_twice():
     assert draw_groups([odd], 4)["pile-x"] == ("task A", -1)  # no draw number: by task
 
 
+@pytest.mark.slow
 def test_grpo_rows_by_draw_and_by_task(tmp_path):
     """Two draws of one task, one all successes and one all failures: by draw neither group
     has signal (every advantage 0); by task (the old grouping) the successes get +1 and the
@@ -573,6 +578,7 @@ def test_on_policy_readings_reads_a_ppo_run(tmp_path):
     assert mod.main([str(tmp_path)]) == 2
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("algorithm", ["ppo", "grpo"])
 def test_offline_imitation_trains_the_actor_on_the_piles_successes_first(tmp_path, algorithm):
     """``offline_imitation`` (issue 28): the offline phase runs Filtered BC's on the pile

@@ -34,6 +34,7 @@ def _trainer(out: Path, **kw) -> Trainer:
     return Trainer(sim_quick(**{**SMALL, **kw}), out, cache_dir=None, progress=False)
 
 
+@pytest.mark.slow
 def test_checkpoints_get_fresh_names_and_latest_moves_last(tmp_path, monkeypatch):
     out = tmp_path / "run"
     t = _trainer(out)
@@ -63,6 +64,7 @@ def test_checkpoints_get_fresh_names_and_latest_moves_last(tmp_path, monkeypatch
     assert a.keys() == b.keys() and all((a[k] == b[k]).all() for k in a)
 
 
+@pytest.mark.slow
 def test_resume_refuses_a_changed_config_unless_told(tmp_path):
     out = tmp_path / "run"
     t = _trainer(out)
@@ -177,6 +179,7 @@ def test_killed_at_random_moments_the_run_resumes_to_the_same_store(tmp_path):
         assert ev == [f"eval-{stage}-{j:05d}" for j in range(2)]
 
 
+@pytest.mark.slow
 def test_resume_refuses_another_algorithm_even_when_told(tmp_path):
     """A PPO run's checkpoint holds a value head and a two-group optimiser: resuming it as
     DigiRL (or back) is refused with a ConfigError naming the algorithms, not a crash in
@@ -190,6 +193,7 @@ def test_resume_refuses_another_algorithm_even_when_told(tmp_path):
         _trainer(out, algorithm="ppo").load_checkpoint(allow_config_change=True)
 
 
+@pytest.mark.slow
 def test_the_offline_phase_does_not_depend_on_where_the_pile_came_from(tmp_path):
     """Collecting the pile samples from torch's generator; reading it from the cache does
     not. The offline phase and its evaluation after either must be the same (so arms of a

@@ -26,6 +26,7 @@ def hold(path: Path) -> subprocess.Popen:
     return p
 
 
+@pytest.mark.slow
 def test_a_held_lock_names_its_holder_and_dies_with_it(tmp_path):
     path = tmp_path / "run" / "run.lock"
     p = hold(path)
@@ -68,6 +69,7 @@ def test_a_lock_file_no_process_holds_is_taken_over(tmp_path):
     lock.release()
 
 
+@pytest.mark.slow
 def test_a_trainer_refuses_a_folder_another_process_writes(tmp_path):
     """A resume started while the run's first process still runs stops before it reaches a
     phone, reads a checkpoint or writes anything into the folder."""

@@ -143,6 +143,7 @@ def secret_run(tmp_path_factory):
     return out, summary
 
 
+@pytest.mark.slow
 def test_a_runs_files_hold_no_credential(secret_run):
     out, _ = secret_run
     files = [p for p in out.rglob("*") if p.is_file()]
@@ -165,6 +166,7 @@ def test_a_runs_files_hold_no_credential(secret_run):
     assert "offline" in summary["stages"]  # a real run, not an empty file
 
 
+@pytest.mark.slow
 def test_resume_compares_the_redacted_config_and_needs_no_secret(secret_run):
     out, _ = secret_run
     again = Trainer(_config(), out, cache_dir=None, progress=False)
@@ -183,6 +185,7 @@ def test_resume_compares_the_redacted_config_and_needs_no_secret(secret_run):
     assert not _holds_secret(str(e.value))  # the refusal shows redacted values
 
 
+@pytest.mark.slow
 def test_a_checkpoint_saved_before_redaction_still_resumes(secret_run, tmp_path):
     out, _ = secret_run
     copy = tmp_path / "old"

@@ -559,6 +559,7 @@ def test_expert_still_solves_general_tasks_on_day_7():
     assert success_rate(env, ScriptedExpert(), env.tasks[:40]) >= 0.95
 
 
+@pytest.mark.slow
 def test_expert_solves_shop_tasks_on_day_7_on_every_site():
     tasks = [f'Go to {site}.com, search for "usb c cable", and select the first entry'
              for site in ("costco", "walmart", "ebay", "bestbuy", "target", "newegg")]
@@ -571,6 +572,7 @@ def test_expert_solves_ebay_search_on_day_7():
     assert success_rate(env, ScriptedExpert(), env.tasks) == 1.0
 
 
+@pytest.mark.slow
 def test_sim_surprises_reach_every_phone_of_a_run_and_key_its_pile(tmp_path):
     """``sim_surprises`` (issue 16, item 6): checked by name and range before anything runs,
     given to the phones the run collects and evaluates on (the other surprises keep their
@@ -597,6 +599,7 @@ def test_sim_surprises_reach_every_phone_of_a_run_and_key_its_pile(tmp_path):
     assert len(keys) == 2
 
 
+@pytest.mark.slow
 def test_sim_faults_reach_every_phone_of_a_run_and_key_its_pile(tmp_path):
     """``sim_faults``: the simulator's infrastructure faults by config (checked by name and
     value before anything runs), given to the run's phones and part of the pile's key."""

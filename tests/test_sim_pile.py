@@ -48,6 +48,7 @@ def test_pile_failures_come_mostly_from_surprises():
     assert stats.surprises_seen.get("popup", 0) > 0
 
 
+@pytest.mark.slow
 def test_demos_are_clean_expert_successes():
     trajs, screens, stats = generate_demos("general", n=12, seed=1)
     assert stats.success_rate == 1.0 and stats.surprises_seen == {}
@@ -56,6 +57,7 @@ def test_demos_are_clean_expert_successes():
         assert screens.image(sid).size == RECORD_SIZE
 
 
+@pytest.mark.slow
 def test_slipping_demonstrators_take_detours_and_recover():
     """sft_slip_rate's demonstrations (issue 16, item 6): the demonstrator slips (a step that
     is not the expert's) and recovers, so its successes on the same tasks are longer than the
@@ -166,6 +168,7 @@ def test_copy_drills_ask_for_new_products_and_target_them():
     assert len(set(products)) > 290 and not set(products) & train
 
 
+@pytest.mark.slow
 def test_general_varies_the_names_in_its_searches():
     """General's demonstrations and drills name places, shops and landmarks beyond its train
     list (every held-out search names one that no train task does): searches get new names,
@@ -196,6 +199,7 @@ def test_general_varies_the_names_in_its_searches():
     assert len({q for _, q in drills} - train) > 100
 
 
+@pytest.mark.slow
 def test_demonstrators_close_a_share_of_pop_ups_with_back():
     """sft_popup_back_share (issue 47): the demonstrator closes that share of pop-ups with
     BACK rather than their X (people close a dialog either way), and still succeeds; share 0

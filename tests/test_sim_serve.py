@@ -140,6 +140,7 @@ def test_screenshot_is_a_full_size_png_of_the_screen(phone):
         dev.quit()
 
 
+@pytest.mark.slow
 def test_gestures_change_the_screen_as_in_process():
     """Every kind of driver call ``perform`` makes (tap, swipe, Home and Enter keycodes,
     back, typing into the active element), and Android's BACK keycode 4, against an
@@ -314,6 +315,7 @@ def test_blank_captures_are_served_white_and_retried_by_the_client():
         env.close()
 
 
+@pytest.mark.slow
 def test_a_loading_page_loads_while_the_client_waits():
     """The blank surprise over the wire: the first screenshot after the gesture shows the
     white page; AndroidEnv's blank guard looks again and the page has loaded (a real page
@@ -436,6 +438,7 @@ def _counting(dev: AppiumDevice) -> list[str]:
     return sent
 
 
+@pytest.mark.slow
 def test_android_env_reads_the_truth_from_a_served_phone(phone):
     """The served phone told the task (reset "task") answers its own check at each
     episode's last step: the expert's episode is true while the judge said failure; a
@@ -474,6 +477,7 @@ def test_android_env_reads_the_truth_from_a_served_phone(phone):
     env.close()
 
 
+@pytest.mark.slow
 def test_a_device_without_the_check_gives_no_truth_and_is_not_asked_again(phone):
     """A device that refuses ``digirl: isSuccess`` (a real phone would) records no truth,
     the episode goes on as before, and the next episodes do not ask; a Home reset (the
@@ -496,6 +500,7 @@ def test_a_device_without_the_check_gives_no_truth_and_is_not_asked_again(phone)
     env.close()
 
 
+@pytest.mark.slow
 def test_an_evaluation_over_the_wire_reports_the_truth(phone):
     """A fleet of served phones under the device's own check as the judge: the report
     carries the environment's truth, which agrees with the verdicts."""

@@ -311,6 +311,7 @@ _SELECTS = [", and select the first entry", " and select the first entry",
             ", and open the first result"]
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     product=st.text(st.characters(blacklist_categories=("Cc", "Cs", "Zl", "Zp")),

@@ -523,6 +523,7 @@ def _test_tasks() -> list[Task]:
     return load_tasks(tasks / "webshop_test.txt") + load_tasks(tasks / "general_test.txt")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("day", [7, 14])
 @pytest.mark.parametrize("surprises", [NONE, Surprises()], ids=["clean", "surprises"])
 def test_expert_solves_tasks_after_drift(day, surprises):
@@ -657,6 +658,7 @@ def test_blank_screen_trips_the_blank_guard():
     assert n / (W * H) > 0.934
 
 
+@pytest.mark.slow
 def test_loaded_pages_do_not_trip_the_blank_guard():
     r = Renderer()
     pages = [Page(), Page("chrome", "google_home"),

@@ -59,6 +59,7 @@ def test_a_short_fine_tune_finds_products_and_round_trips(trained, tmp_path):
         SpanExtractor.load(tmp_path)
 
 
+@pytest.mark.slow
 def test_config_names_the_field_and_keys_the_pile(tmp_path):
     from digirl_lite.errors import ConfigError
     from digirl_lite.train.config import sim_quick

@@ -70,6 +70,7 @@ def _play(world: str, n: int, layout: str = "older") -> list[bool]:
     return out
 
 
+@pytest.mark.slow
 def test_the_screen_teacher_solves_most_test_tasks_of_both_worlds_and_fails_on_some():
     """Measured (first 96 test tasks, these seeds): Web Shopping 95/96, General 91/96 (an
     app named by another word, "gallery", "dialer"; searches that run out of the General
@@ -124,6 +125,7 @@ def test_goal_span_reads_any_quotes_verbs_and_questions():
     assert goal_span("Open the Settings") is None
 
 
+@pytest.mark.slow
 def test_the_loop_s_collection_and_evidence_run_without_obs_state(tmp_path):
     """The default teacher and the loop's evidence on phones that give no ``obs.state``
     (as a real device): the teacher solves what the agent never did, and its episodes
@@ -172,6 +174,7 @@ def test_teacher_choices_and_an_unknown_one():
         make_teacher("expert")
 
 
+@pytest.mark.slow
 def test_a_cached_run_does_not_hand_one_teacher_s_episodes_to_another(tmp_path):
     """The runner's cache keys the teacher's episodes by the teacher: a run folder resumed
     with another ``teacher`` plays them again instead of reusing the other's."""

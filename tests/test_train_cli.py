@@ -193,6 +193,7 @@ def test_tensorboard_scalars(tmp_path):
     assert acc.Scalars("online/actor_loss")[0].value == pytest.approx(0.5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("world", ["webshop", "general"])
 def test_the_shipped_starting_policy_matches_the_main_jobs_config(tmp_path, world):
     """The main job (sim_webshop, on either world) loads the shipped policies/sft-<world>:

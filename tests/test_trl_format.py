@@ -80,6 +80,7 @@ def _referenced(trajs) -> set[str]:
     return {sid for t in trajs for s in t.steps for sid in (s.screen_id, s.next_screen_id)}
 
 
+@pytest.mark.slow
 def test_the_round_trip_gives_back_equal_trajectories_and_pictures(pile, exported):
     trajs, screens = pile
     back, back_screens = from_messages_dataset(exported)
@@ -88,6 +89,7 @@ def test_the_round_trip_gives_back_equal_trajectories_and_pictures(pile, exporte
     assert _same_pictures(screens, back_screens, back_screens.ids)
 
 
+@pytest.mark.slow
 def test_each_row_is_a_conversation_trl_accepts(pile, exported):
     from trl.data_utils import prepare_multimodal_messages
 
@@ -113,6 +115,7 @@ def test_each_row_is_a_conversation_trl_accepts(pile, exported):
         assert [s["done"] for s in row["steps"]] == [s.done for s in t.steps]
 
 
+@pytest.mark.slow
 def test_saved_to_disk_and_as_parquet_it_reads_back_the_same(pile, exported, tmp_path):
     import datasets
 
@@ -152,6 +155,7 @@ def _dataset(rows, like):
     return datasets.Dataset.from_list(rows, features=like.features)
 
 
+@pytest.mark.slow
 def test_bad_input_is_an_error_that_names_the_row_and_the_column(pile, exported):
     import datasets
 

@@ -53,6 +53,7 @@ def _factory(urls, judge):
     return EndpointEnvFactory(devices, judge, horizon=6, reset="task")
 
 
+@pytest.mark.slow
 def test_an_observer_reads_a_phone_without_taking_its_session(phones):
     """``GET /digirl/state`` and ``.../screenshot`` need no session, leave the client's in
     place and capture nothing: the client's next command still works, the screenshot read
@@ -74,6 +75,7 @@ def test_an_observer_reads_a_phone_without_taking_its_session(phones):
         env.close()
 
 
+@pytest.mark.slow
 def test_the_truth_judge_answers_with_the_phone_s_own_check(phones):
     """The paper judge over the OpenAI protocol gets, step by step, the verdict the phone's
     ``isSuccess`` gives: the expert's episodes end on a judged success after judged
@@ -97,6 +99,7 @@ def test_the_truth_judge_answers_with_the_phone_s_own_check(phones):
     assert all(t.num_unjudged == 0 for t in truth)
 
 
+@pytest.mark.slow
 def test_two_phones_on_one_task_are_told_apart_by_the_screen(phones):
     """Both phones on the same task, one at the goal and one not: each request gets its own
     phone's verdict (the screens decide), not the other's."""
@@ -124,6 +127,7 @@ def test_two_phones_on_one_task_are_told_apart_by_the_screen(phones):
             env.close()
 
 
+@pytest.mark.slow
 def test_the_truth_judge_never_guesses_and_its_faults_reach_the_client(phones):
     """A task no phone is on is a 503 (a judge fault the client retries), never a verdict;
     injected drops and errors are retryable faults; down refuses connections, up answers
@@ -158,6 +162,7 @@ def test_the_truth_judge_never_guesses_and_its_faults_reach_the_client(phones):
         server.down()
 
 
+@pytest.mark.slow
 def test_an_evaluation_reruns_the_episodes_its_judge_left_unjudged(phones):
     """A judge that fails a share of its requests (one try each): every evaluation task
     still ends judged, the episodes with an unjudged step having been run again."""
@@ -175,6 +180,7 @@ def test_an_evaluation_reruns_the_episodes_its_judge_left_unjudged(phones):
     assert sorted(e.trajectory.traj_id for e in eps) == [f"e-{k:05d}" for k in range(8)]
 
 
+@pytest.mark.slow
 def test_a_phone_restarted_mid_episode_ends_the_episode_as_an_infrastructure_fault():
     """The phone is killed and served again on its port between two steps: the client's
     reconnect opens a new session on a phone that lost the episode's state (no task, on

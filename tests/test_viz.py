@@ -213,6 +213,7 @@ def test_grades_match_hand_computed_eq43_eq44(minilm):
     assert lose.step_kept == (False, False, False)
 
 
+@pytest.mark.slow
 def test_grades_invalid_unusable_released_and_filtered_bc(minilm):
     screens = _screens()
     trajs = [_traj("win", 3, True, invalid_at=0), _traj("lose", 3, False),
