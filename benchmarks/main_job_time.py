@@ -7,6 +7,15 @@ memory, the phases, held-out success, and the commit.
     python benchmarks/main_job_time.py                      # the main job, pile built (~10 min)
     python benchmarks/main_job_time.py --label processes_1 -- --processes 1   # recipe flags
     python benchmarks/main_job_time.py --dry-run            # the command, run nothing
+    python benchmarks/main_job_time.py --fresh-clone        # the README's first command
+    python benchmarks/main_job_time.py --readme             # write its figure into README
+
+``--fresh-clone`` measures what a new user meets (issue 49, item 1): a ``git clone`` of this
+checkout's HEAD into an empty folder, the README's first command there as written (the install,
+timed on its own with pip's cache off, then the run with an empty ``$DIGIRL_LITE_CACHE``), and
+writes the entry ``fresh_clone`` with ``install_s`` and ``first_command_s`` (install + run).
+``--readme`` puts the sentence built from that entry (:func:`readme_sentence`) between the
+README's ``<!-- main-job-time -->`` markers; ``tests/test_readme.py`` fails when they differ.
 
 The pile is built (``--cache-dir ''``), as in the entries measured by hand before this script,
 unless ``--cached-pile``. Without ``/usr/bin/time`` (Debian/Ubuntu: ``apt install time``) the
@@ -150,6 +159,68 @@ def write_entry(path: Path, label: str, record: dict[str, Any]) -> None:
     tmp.replace(path)
 
 
+README = ROOT / "README.md"
+MARK = ("<!-- main-job-time -->", "<!-- /main-job-time -->")
+
+
+def readme_sentence(record: dict[str, Any]) -> str:
+    """The README's time figure from the ``fresh_clone`` entry of main_job_time.json."""
+    host = record["machine"]
+    return (f"Measured on a fresh clone with empty caches ({host['cpus']} CPUs, "
+            f"{host['cpu'] or 'unknown CPU'}, {record['when'][:10]}): "
+            f"{record['first_command_s'] / 60:.1f} minutes in all, install "
+            f"{record['install_s']:.0f} s and run {record['elapsed_s']:.0f} s "
+            f"(`benchmarks/results/main_job_time.json`, entry `fresh_clone`, with its commit; "
+            f"`python benchmarks/main_job_time.py --fresh-clone` measures it again).")
+
+
+def readme_with_figure(text: str, record: dict[str, Any]) -> str:
+    """``text`` (the README) with :func:`readme_sentence` between the markers."""
+    a, b = text.find(MARK[0]), text.find(MARK[1])
+    if a < 0 or b < a:
+        raise ValueError(f"the README has no {MARK[0]} ... {MARK[1]} markers")
+    return text[:a + len(MARK[0])] + readme_sentence(record) + text[b:]
+
+
+def fresh_clone(args: argparse.Namespace) -> int:
+    """Clone HEAD into an empty folder, run the README's first command there, write the
+    ``fresh_clone`` entry."""
+    code, host = code_state(), machine()
+    with tempfile.TemporaryDirectory(prefix="digirl-fresh-") as d:
+        clone, cache = Path(d) / "digirl_lite", Path(d) / "cache"
+        subprocess.run(["git", "clone", "--quiet", "--no-hardlinks", str(ROOT), str(clone)],
+                       check=True)
+        env = {**os.environ, "PIP_NO_CACHE_DIR": "1", "DIGIRL_LITE_CACHE": str(cache)}
+        for k in ("PYTHONPATH", "DIGIRL_LITE_DATA", "OMP_NUM_THREADS"):
+            env.pop(k, None)
+        install = ("python3 -m venv .venv && .venv/bin/pip install --quiet torch==2.13.0 -e .")
+        print(f"installing: {install}", flush=True)
+        t0 = time.perf_counter()
+        p = subprocess.run(["bash", "-c", install], cwd=clone, env=env)
+        install_s = time.perf_counter() - t0
+        if p.returncode != 0:
+            print(f"the install failed (exit {p.returncode}): no entry written", file=sys.stderr)
+            return 1
+        cmd = [str(clone / ".venv" / "bin" / "python"), RECIPE]
+        print(f"running: .venv/bin/python {RECIPE} (cache {cache}, empty)", flush=True)
+        measured = measure(cmd, cwd=clone, env=env)
+        out = clone / "runs" / "webshop"
+        if measured["exit_status"] != 0 or not (out / "summary.json").is_file():
+            print(f"the run failed (exit {measured['exit_status']}): no entry written",
+                  file=sys.stderr)
+            return 1
+        summary = json.loads((out / "summary.json").read_text())
+    record = entry(summary, measured, f"{install} && .venv/bin/python {RECIPE}", code, host)
+    record.update(install_s=round(install_s, 1),
+                  first_command_s=round(install_s + measured["elapsed_s"], 1),
+                  fresh_clone=True, pip_cache="off (PIP_NO_CACHE_DIR=1)",
+                  digirl_lite_cache="empty")
+    write_entry(args.json, "fresh_clone", record)
+    print(json.dumps(record, indent=1))
+    print(readme_sentence(record))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -163,7 +234,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cached-pile", action="store_true",
                     help="read the pile from the cache when it is there (default: build it)")
     ap.add_argument("--dry-run", action="store_true", help="print the command, run nothing")
+    ap.add_argument("--fresh-clone", action="store_true",
+                    help="clone HEAD, install and run the README's first command there")
+    ap.add_argument("--readme", action="store_true",
+                    help="write the fresh_clone entry's figure into the README")
     args = ap.parse_args(argv)
+    if args.readme:
+        record = json.loads(args.json.read_text())["fresh_clone"]
+        README.write_text(readme_with_figure(README.read_text(), record))
+        print(readme_sentence(record))
+        return 0
+    if args.fresh_clone:
+        return fresh_clone(args)
     out = args.out.resolve()
     shown_out = str(out.relative_to(ROOT)) if out.is_relative_to(ROOT) else str(out)
     recipe_args = ["--out", shown_out, *([] if args.cached_pile else ["--cache-dir", ""]),

@@ -88,3 +88,19 @@ def test_without_usr_bin_time_the_resource_module_measures(tmp_path):
     assert m["measured_with"].startswith("python resource.getrusage")
     assert m["exit_status"] == 0 and 0 < m["elapsed_s"] < 60
     assert m["max_rss_kib"] > 60_000_000 / 1024
+
+
+def test_the_readme_figure_is_written_between_its_markers_from_the_entry():
+    """--readme: the sentence built from the fresh_clone entry replaces what stood between
+    the markers (and nothing else); a README without them is refused."""
+    record = {"machine": {"cpus": 2, "cpu": "Some CPU"}, "when": "2026-12-06T06:00:00+00:00",
+              "code": {"commit": "0" * 40}, "install_s": 98.4, "elapsed_s": 480.2,
+              "first_command_s": 578.6}
+    text = "a\n<!-- main-job-time -->old figure<!-- /main-job-time -->\nb\n"
+    got = mjt.readme_with_figure(text, record)
+    assert got.startswith("a\n<!-- main-job-time -->Measured on a fresh clone")
+    assert got.endswith("<!-- /main-job-time -->\nb\n") and "old figure" not in got
+    assert "9.6 minutes in all, install 98 s and run 480 s" in got
+    assert "2 CPUs, Some CPU, 2026-12-06" in got
+    with pytest.raises(ValueError, match="no <!-- main-job-time --> ... markers"):
+        mjt.readme_with_figure("no markers", record)
