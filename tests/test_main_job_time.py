@@ -102,5 +102,5 @@ def test_the_readme_figure_is_written_between_its_markers_from_the_entry():
     assert got.endswith("<!-- /main-job-time -->\nb\n") and "old figure" not in got
     assert "9.6 minutes in all, install 98 s and run 480 s" in got
     assert "2 CPUs, Some CPU, 2026-12-06" in got
-    with pytest.raises(ValueError, match="no <!-- main-job-time --> ... markers"):
+    with pytest.raises(ValueError, match="has no <!-- main-job-time --> .* markers"):
         mjt.readme_with_figure("no markers", record)
