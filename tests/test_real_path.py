@@ -45,12 +45,14 @@ def test_shipped_configs_load_paths_aside(path):
     """Every field of every shipped config (and of its per_world sections) is a DigiRLConfig
     field with a valid value, and its android section parses into the classes that read it
     (paths are the user's)."""
-    d = {k: v for k, v in json.loads(path.read_text()).items() if not k.startswith("_")}
+    from digirl_lite.train.config import _config_fields
+
+    d = _config_fields(path)  # its own fields on those of its base file, if it has one
     per_world = d.pop("per_world", {})
-    cfg = PRESETS[d.pop("preset", "sim_webshop")](**d)
+    preset = PRESETS[d.pop("preset", "sim_webshop")]
+    cfg = preset(**d)
     for world, fields in per_world.items():  # each world's fields on top
-        PRESETS[json.loads(path.read_text()).get("preset", "sim_webshop")](
-            **{**d, **fields, "world": world})
+        preset(**{**d, **fields, "world": world})
     if cfg.env == "android":
         plan = android_plan(cfg.android)
         assert plan.n >= 1
