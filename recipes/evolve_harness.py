@@ -4,6 +4,7 @@
     python recipes/evolve_harness.py                    # E1's run: budget 1500 episodes
     python recipes/evolve_harness.py --set accept='"minibatch_sum"' --seed 1
     python recipes/evolve_harness.py --set teacher=none     # no teacher-derived evidence
+    python recipes/evolve_harness.py --set evidence=failure,self   # E1 by evidence kind
     python recipes/evolve_harness.py --resume --out runs/evolve   # after a crash or kill -9
 
 The frozen agent is the shipped starting policy of ``--world`` (or ``starting_policy``; or a
@@ -14,8 +15,10 @@ harness on tasks written from the simulator's site and app descriptions (never t
 list) for ``budget`` episodes, and measures the evolved harness on the same held-out tasks
 and seeds. The teacher of tasks the agent never solved acts from the screen alone
 (``teacher="screen"``); the simulator's state-reading expert only as
-``teacher="privileged_expert"``, and then every report says "privileged". Fields
-(``--set FIELD=JSON``): see ``digirl_lite.harness.evolve.EvolveConfig``.
+``teacher="privileged_expert"``, and then every report says "privileged"; no other run puts
+the simulator's state on an observation. ``evidence`` chooses what reaches the proposer:
+failure-derived, self-derived (the agent's own passes) and teacher-derived, all three by
+default. Fields (``--set FIELD=JSON``): see ``digirl_lite.harness.evolve.EvolveConfig``.
 Writes OUT/summary.json, report.md, lineage.png, metrics.jsonl and darwinx/.
 """
 
@@ -27,8 +30,7 @@ import sys
 from pathlib import Path
 
 from digirl_lite.errors import ConfigError
-from digirl_lite.harness.evolve import QUICK, EvolveConfig, run_evolution
-from digirl_lite.harness.teachers import teacher_label
+from digirl_lite.harness.evolve import QUICK, EvolveConfig, run_evolution, run_label
 from digirl_lite.train.evaluate import stage_rates
 
 
@@ -71,7 +73,7 @@ def main(argv: list[str] | None = None) -> dict:
     except ConfigError as e:
         sys.exit(f"config error: {e}")
     st = summary["stages"]
-    print(f"[{teacher_label(cfg.teacher)}] "
+    print(f"[{run_label(cfg.as_dict())}] "
           + " | ".join(f"{k} {stage_rates(v)}" for k, v in st.items())
           + f" | rules decided {100 * st['evolved']['decided']['rule']:.1f}% of the evolved "
             f"harness's steps; report: {Path(args.out) / 'report.md'}")

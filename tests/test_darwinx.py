@@ -373,6 +373,115 @@ def test_a_killed_evolution_replays_from_its_cache(tmp_path):
     assert runner.episodes_cached > 0 and runner.played < full_runner.played
 
 
+# ---------------------------------------------------------------------------------------
+# evidence kinds (issue 48: E1 by evidence kind)
+# ---------------------------------------------------------------------------------------
+def _out(task, seed, success):
+    step = {"step": 0, "tree": "[a] A", "action": "PRESS_HOME", "decided_by": "agent",
+            "valid": True, "screen_changed": True, "element": None}
+    return Outcome(task=task, seed=seed, success=success, steps=1, decided={"agent": 1},
+                   trace=[step])
+
+
+def test_self_evidence_holds_the_passes_of_tasks_the_agent_always_solves():
+    from digirl_lite.harness.runner import evidence_from
+
+    outs = [_out("always", 0, True), _out("always", 1, True), _out("mixed", 2, False),
+            _out("mixed", 3, True), _out("never", 4, False), _out("cut", 5, None)]
+    ev = evidence_from(outs, [_out("never", 4, True)])
+    selfd = [e for e in ev if e.kind == "self"]
+    # the contrasted pass first, then one pass per task always solved, alone
+    assert [(e.task, bool(e.contrast), e.summary) for e in selfd] == [
+        ("mixed", True, "solved 1 of 2"), ("always", False, "solved 2 of 2")]
+    assert [e.task for e in ev if e.kind == "teacher"] == ["never"]
+    many = [_out(f"t{i}", i, True) for i in range(30)] + [_out("t29", 99, False)]
+    selfd = [e for e in evidence_from(many, limit=5) if e.kind == "self"]
+    assert len(selfd) == 5 and selfd[0].task == "t29" and selfd[0].contrast  # bounded
+
+
+class TeacherTableRunner(TableRunner):
+    """:class:`TableRunner` with a teacher that solves whatever it is given."""
+
+    def __init__(self, cache_path=None):
+        super().__init__(cache_path)
+        self.teacher = "a teacher"
+        self.taught = 0
+
+    def run_teacher(self, tasks, seed):
+        self.taught += len(tasks)
+        return [_out(t, seed + k, True) for k, t in enumerate(tasks)]
+
+
+class Recording(Sequence):
+    """:class:`Sequence`, noting the evidence kinds of every call."""
+
+    def __init__(self, steps):
+        super().__init__(steps)
+        self.kinds: set[str] = set()
+
+    def propose(self, components, evidence, memory):
+        self.kinds |= {e.kind for e in evidence}
+        return super().propose(components, evidence, memory)
+
+
+@pytest.mark.parametrize("evidence", [("failure",), ("failure", "self"),
+                                      ("failure", "self", "teacher"), ("self", "teacher")])
+def test_the_loop_hands_the_proposer_only_the_kinds_asked_for(tmp_path, evidence):
+    """H0 always solves t1 (a pass alone: self evidence) and never t2-t5 (failures, and
+    the teacher's episodes); the teacher plays only where its kind is asked for."""
+    runner = TeacherTableRunner()
+    proposer = Recording(STEPS)
+    base = Harness().extend([rules("r-t1-3")]).components
+    archive = DarwinX(runner, proposer, T, tmp_path, budget=60, k_screen=3, k_confirm=3,
+                      delta=0.5, beta=0.0, probe_k=3, seed=0, base=base,
+                      evidence=evidence).run()
+    assert proposer.kinds == set(evidence)
+    assert (runner.taught > 0) == ("teacher" in evidence)
+    counts = [n.evidence for n in archive.nodes[1:]]  # what each child's proposal read
+    assert counts and all(c[k] == 0 for c in counts for k in ("failure", "self", "teacher")
+                          if k not in evidence)
+    with pytest.raises(ValueError, match="evidence.*'failure', 'teacher', 'self'"):
+        DarwinX(runner, proposer, T, tmp_path / "x", evidence=("failures",))
+
+
+def test_the_evidence_field_by_config_and_on_the_recipe_s_command_line():
+    from digirl_lite.errors import ConfigError
+    from digirl_lite.harness.evolve import EvolveConfig, run_label
+
+    sys.path.insert(0, str(ROOT / "recipes"))
+    try:
+        from evolve_harness import config_from, main
+    finally:
+        sys.path.pop(0)
+    assert EvolveConfig().evidence == ("failure", "self", "teacher")
+    import argparse
+
+    ns = argparse.Namespace(config=None, quick=True, world=None, seed=None,
+                            set=["evidence=failure,self"])
+    cfg = config_from(ns)
+    cfg.check()
+    assert cfg.evidence == ("failure", "self") and cfg.active_teacher == "none"
+    ns.set = ['evidence=["teacher"]']
+    assert config_from(ns).evidence == ("teacher",)
+    assert run_label(cfg.as_dict()) == "evidence: failure + self; no teacher"
+    assert run_label(EvolveConfig(teacher="privileged_expert").as_dict()).endswith(
+        "PRIVILEGED teacher (the simulator's expert reads its state)")
+    for bad, why in ((("failures",), r"\['failures'\] not among the kinds "
+                                      r"\('failure', 'teacher', 'self'\)"),
+                     ((), "not a non-empty list"), (3, "not a non-empty list"),
+                     (("self", "self"), "twice")):
+        with pytest.raises(ConfigError, match=f"evidence: .*{why}"):
+            EvolveConfig(evidence=bad).check()
+    with pytest.raises(ConfigError, match="evidence: .*gives the proposer nothing"):
+        EvolveConfig(evidence=["teacher"], teacher="none").check()
+    EvolveConfig(teacher="none").check()  # the default kinds without a teacher: no teacher's
+    with pytest.raises(ConfigError, match="env: privileged_state follows the teacher"):
+        EvolveConfig(env={"privileged_state": True}).check()
+    # on the command line: a clear message before anything runs, never a traceback
+    with pytest.raises(SystemExit, match="config error: evidence: .*'failures'"):
+        main(["--quick", "--set", "evidence=failures", "--out", "/nonexistent/never"])
+
+
 def test_evolution_tasks_never_come_from_the_test_lists():
     from digirl_lite.envs.sim.env import SimPhoneEnv
     from digirl_lite.envs.sim.tasks import parse_task

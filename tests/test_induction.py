@@ -195,6 +195,9 @@ def test_the_proposer_is_a_config_choice(tmp_path):
     assert isinstance(_proposer(EvolveConfig(proposer="induction"), tmp_path),
                       InductionProposer)
     assert EvolveConfig().proposer == "scripted"  # the default is unchanged
+    # it reads the kinds the run asks for (the loop filters them before it too)
+    assert _proposer(EvolveConfig(proposer="induction", evidence=("failure", "self")),
+                     tmp_path).kinds == ("failure", "self")
     with pytest.raises(ConfigError, match=r"proposer: 'inductive' is not one of .*induction"):
         EvolveConfig(proposer="inductive").check()
 
@@ -256,9 +259,9 @@ def test_rules_induced_from_a_frozen_agent_s_own_episodes_fix_its_failures():
     outs = runner.run(h0.components, TASKS, 0)
     wins = {o.task for o in outs if o.success}
     assert wins and wins != set(TASKS)  # passes and failures to contrast
-    # the loop's evidence holds passes only of tasks both solved and failed; this agent is
-    # deterministic, so its passes come as evidence of the same kind, its own
-    ev = evidence_from(outs) + _passes(outs)
+    # one episode a task: every pass is of a task always solved, self evidence alone
+    ev = evidence_from(outs)
+    assert {e.task for e in ev if e.kind == "self" and not e.contrast} == wins
     eps = episodes_from(ev)
     assert {e.goal for e in eps if e.success} == wins
     assert {e.goal for e in eps if not e.success} == set(TASKS) - wins
@@ -281,15 +284,6 @@ def test_rules_induced_from_a_frozen_agent_s_own_episodes_fix_its_failures():
     assert all(o.success for o in after), [(o.task, o.success) for o in after]
     fired = sum(o.decided.get(f"rule:{best['id']}", 0) for o in after)
     assert fired >= 2  # the rule typed where the agent would have mistyped
-
-
-def _passes(outs):
-    """Every pass as ``self`` evidence (the loop's evidence holds passes of tasks also
-    failed; a pass of a task always solved is the agent's own evidence just as well)."""
-    from digirl_lite.harness.evidence import Evidence
-    from digirl_lite.harness.runner import _steps
-
-    return [Evidence("self", o.task, _steps(o)) for o in outs if o.success]
 
 
 @pytest.mark.slow

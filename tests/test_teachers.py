@@ -163,6 +163,46 @@ def test_the_loop_s_collection_and_evidence_run_without_obs_state(tmp_path):
     fleet.close()
 
 
+def test_a_phone_without_privileged_state_gives_no_obs_state():
+    env = SimPhoneEnv(tasks="webshop", ui_tree=True, privileged_state=False)
+    obs, _ = env.reset(task="Go to ebay.com", seed=0)
+    assert obs.state is None and obs.ui_tree
+    obs, *_ = env.step(format_action(Action.key(ActionType.PRESS_HOME)))
+    assert obs.state is None and env.state is not None  # the phone itself still has one
+    obs, _ = SimPhoneEnv(tasks="webshop").reset(task="Go to ebay.com", seed=0)
+    assert obs.state is not None  # elsewhere (the scripted experts' demonstrations) as before
+
+
+@pytest.mark.slow
+def test_the_recipe_s_default_path_runs_with_no_obs_state(tmp_path, monkeypatch):
+    """Issue 48, "Done when": the recipe's quick run (here smaller) with its defaults puts
+    no simulator state on any observation, and it completes on phones that give none at
+    all (as a real device): the frozen policy, the screen teacher, the evidence, the
+    proposer and the evolved harness's evaluation never needed it."""
+    from digirl_lite.harness.evolve import QUICK, run_evolution
+
+    made: list[bool] = []
+    observe = SimPhoneEnv._observe
+
+    def no_state(self):
+        obs, blanks = observe(self)
+        made.append(obs.state is not None)
+        return dataclasses.replace(obs, state=None), blanks  # a real device: none at all
+
+    monkeypatch.setattr(SimPhoneEnv, "_observe", no_state)
+    cfg = EvolveConfig(**{**QUICK, "budget": 8, "evo_tasks": 2, "eval_tasks": 2,
+                          "k_screen": 1, "k_confirm": 1, "probe_k": 1, "n_envs": 2})
+    assert (cfg.teacher, cfg.evidence) == ("screen", ("failure", "self", "teacher"))
+    s = run_evolution(cfg, tmp_path, log=lambda *a: None)
+    assert set(s["stages"]) == {"frozen", "frozen_constrained", "evolved"}
+    assert s["evolution"]["generations"] >= 1 and s["stages"]["evolved"]["judged_episodes"] == 2
+    assert made and not any(made)  # the default path's phones made no obs.state
+    assert "screen-only teacher" in (tmp_path / "report.md").read_text()
+    # only the privileged teacher's phones carry it
+    assert teachers.reads_state("privileged_expert") and not any(
+        teachers.reads_state(t) for t in TEACHERS if t != "privileged_expert")
+
+
 def test_teacher_choices_and_an_unknown_one():
     assert TEACHERS == ("screen", "privileged_expert", "none")
     assert make_teacher("none") is None

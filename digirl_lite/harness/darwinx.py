@@ -44,7 +44,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from digirl_lite.harness.evidence import Memory, ProposalError, Proposer
+from digirl_lite.harness.evidence import EVIDENCE_KINDS, Memory, ProposalError, Proposer
 from digirl_lite.harness.harness import (
     AGENT_COMPONENTS,
     H0_COMPONENTS,
@@ -396,6 +396,11 @@ class DarwinX:
             for a trained policy) is refused, its reason naming the component and
             ``agent_name``.
         agent_name: the agent as refusals name it.
+        evidence: the evidence kinds the proposer gets (a subset of
+            :data:`~digirl_lite.harness.evidence.EVIDENCE_KINDS`; default all): the loop
+            builds the evidence, then keeps only these kinds for the proposer and the memory
+            K_g, whatever the proposer. Without ``"teacher"`` the teacher plays nothing
+            (no budget spent on it).
 
     A proposal that is not a valid edit (a reply that does not parse, an edit that does not
     apply, one the agent cannot read) is counted (:attr:`invalid_proposals`) and recorded
@@ -410,9 +415,15 @@ class DarwinX:
                  on_generation: Callable[[dict[str, Any]], None] | None = None,
                  max_generations: int | None = None, merges: int = 0,
                  agent_reads: Sequence[str] = AGENT_COMPONENTS,
-                 agent_name: str = "agent") -> None:
+                 agent_name: str = "agent",
+                 evidence: Sequence[str] = EVIDENCE_KINDS) -> None:
         if accept not in ACCEPT_MODES:
             raise ValueError(f"accept must be one of {ACCEPT_MODES}, got {accept!r}")
+        bad = [k for k in evidence if k not in EVIDENCE_KINDS]
+        if bad or not evidence or isinstance(evidence, str):
+            raise ValueError(f"evidence {evidence!r}: a non-empty list of kinds, each one of "
+                             f"{EVIDENCE_KINDS}")
+        self.evidence = tuple(evidence)
         if len(set(tasks)) != len(tasks) or not tasks:
             raise ValueError("the evolution set must be distinct tasks (and not empty)")
         self.runner, self.proposer, self.tasks = runner, proposer, list(tasks)
@@ -480,7 +491,7 @@ class DarwinX:
         teacher = []
         never = sorted({o.task for o in outs if not o.infra}
                        - {o.task for o in outs if o.success})
-        if never and self.runner.teacher is not None:
+        if never and self.runner.teacher is not None and "teacher" in self.evidence:
             fails = {}
             for o in outs:
                 if o.task in never and not o.infra and o.task not in fails:
@@ -488,7 +499,7 @@ class DarwinX:
             # the teacher plays each never-solved task at the seed of its first failure
             for task, s in fails.items():
                 teacher += self.runner.run_teacher([task], s)
-        evidence = evidence_from(outs, teacher)
+        evidence = [e for e in evidence_from(outs, teacher) if e.kind in self.evidence]
         self.memory = self.memory.aggregate(evidence)
         self._evidence_kinds = {k: sum(e.kind == k for e in evidence)
                                 for k in ("failure", "teacher", "self")}

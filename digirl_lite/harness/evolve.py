@@ -25,7 +25,8 @@ from typing import Any
 
 from digirl_lite.errors import ConfigError
 
-__all__ = ["EvolveConfig", "run_evolution", "QUICK", "PROPOSERS", "lineage_lines"]
+__all__ = ["EvolveConfig", "run_evolution", "QUICK", "PROPOSERS", "lineage_lines",
+           "run_label"]
 
 PROPOSERS = ("scripted", "induction", "llm")
 """The proposers of ``EvolveConfig.proposer``: ``scripted``
@@ -59,7 +60,19 @@ class EvolveConfig:
             (:mod:`digirl_lite.harness.teachers`): "screen" (an agent acting from the UI
             tree alone, as a deployed agent sees the phone, and it can fail), "none", or
             "privileged_expert" (the simulator's expert, which reads its internal state:
-            the report and the log say "privileged"; issue 48).
+            the report and the log say "privileged"; issue 48). The phones put the
+            simulator's state on their observations (``obs.state``) for that teacher only;
+            every other run sees none, as on a real device.
+        evidence: the evidence kinds that reach the proposer, any of ``"failure"`` (the
+            agent's failed episodes), ``"self"`` (its own passes: beside a failure of the
+            same task, or alone for a task it always solved) and ``"teacher"`` (the
+            teacher's episodes of tasks it never solved); default all three, the loop's
+            behaviour before the field existed. The loop filters the evidence before any
+            proposer sees it ("scripted", "induction" and "llm" alike; the memory K_g's
+            failure themes too), and without ``"teacher"`` the teacher is not played
+            (``teacher`` is then as "none"). E1 by evidence kind (issue 48, item 4):
+            ``["failure"]``, ``["failure", "self"]``, all three. ``--set
+            evidence=failure,self`` or a JSON list.
         accept: "gate" (DarwinX), "minibatch_sum" (GEPA's default) or "all".
         budget: episodes the evolution may use (screening, probes, confirmations, teacher).
         evo_tasks: evolution tasks, written from the simulator's descriptions.
@@ -85,6 +98,7 @@ class EvolveConfig:
     proposer: str = "scripted"
     proposer_backend: dict[str, Any] | None = None
     teacher: str = "screen"
+    evidence: tuple[str, ...] = ("failure", "self", "teacher")
     accept: str = "gate"
     budget: int = 1500
     evo_tasks: int = 24
@@ -100,6 +114,20 @@ class EvolveConfig:
     temperature: float = 1.0
     env: dict[str, Any] = field(default_factory=dict)
     baselines: bool = True
+
+    def __post_init__(self) -> None:
+        # a JSON list (a config file, --set evidence='["failure"]') or a bare comma list
+        # (--set evidence=failure,self); check() says what is wrong with the kinds
+        if isinstance(self.evidence, str):
+            self.evidence = tuple(k.strip() for k in self.evidence.split(",") if k.strip())
+        elif isinstance(self.evidence, list):
+            self.evidence = tuple(self.evidence)
+
+    @property
+    def active_teacher(self) -> str:
+        """The teacher the loop plays: ``teacher``, or "none" where ``evidence`` leaves the
+        teacher's episodes out."""
+        return self.teacher if "teacher" in self.evidence else "none"
 
     @classmethod
     def fields(cls) -> list[str]:
@@ -126,6 +154,21 @@ class EvolveConfig:
             bad("proposer_backend", "the LLM proposer needs a backend")
         if self.teacher not in TEACHERS:
             bad("teacher", f"{self.teacher!r} is not one of {TEACHERS}")
+        from digirl_lite.harness.evidence import EVIDENCE_KINDS
+
+        ev = self.evidence
+        if not isinstance(ev, tuple) or not ev or not all(isinstance(k, str) for k in ev):
+            bad("evidence", f"{ev!r} is not a non-empty list of kinds from {EVIDENCE_KINDS}")
+        unknown = [k for k in ev if k not in EVIDENCE_KINDS]
+        if unknown:
+            bad("evidence", f"{unknown} not among the kinds {EVIDENCE_KINDS}")
+        if len(set(ev)) != len(ev):
+            bad("evidence", f"{list(ev)} names a kind twice")
+        if ev == ("teacher",) and self.teacher == "none":
+            bad("evidence", "['teacher'] alone with teacher 'none' gives the proposer nothing")
+        if "privileged_state" in self.env:
+            bad("env", "privileged_state follows the teacher (on for 'privileged_expert' "
+                "only); do not set it")
         if self.accept not in ACCEPT_MODES:
             bad("accept", f"{self.accept!r} is not one of {ACCEPT_MODES}")
         for name in ("budget", "evo_tasks", "k_screen", "k_confirm", "probe_k", "eval_tasks",
@@ -226,7 +269,7 @@ def _proposer(cfg: EvolveConfig, out: Path, reads: frozenset[str] = frozenset())
     if cfg.proposer == "induction":
         from digirl_lite.harness.induction import InductionProposer
 
-        return InductionProposer()
+        return InductionProposer(kinds=cfg.evidence)
     from digirl_lite.harness.proposers import ScriptedProposer
 
     return ScriptedProposer()
@@ -250,6 +293,17 @@ def _held_out(fleet, make, components, tasks, seed: int) -> dict[str, Any]:
                                                 else bool(e.trajectory.is_success))
                            for e in episodes}
     return summary
+
+
+def run_label(config: dict[str, Any]) -> str:
+    """How the log, the report's title and the recipe name a run's evidence: its kinds and
+    its teacher (the privileged one says so; issue 48). ``config``: ``EvolveConfig.as_dict()``
+    (a summary's ``config``; one written before ``evidence`` existed had all three kinds)."""
+    from digirl_lite.harness.teachers import teacher_label
+
+    kinds = list(config.get("evidence") or ("failure", "self", "teacher"))
+    teacher = config.get("teacher", "screen") if "teacher" in kinds else "none"
+    return f"evidence: {' + '.join(kinds)}; {teacher_label(teacher)}"
 
 
 def lineage_lines(archive: Any) -> list[str]:
@@ -339,17 +393,20 @@ def _evolve(cfg: EvolveConfig, out: Path, resume: bool, log: Any) -> dict[str, A
     from digirl_lite.harness.darwinx import Archive, DarwinX, select_parent
     from digirl_lite.harness.harness import H0_COMPONENTS, Harness
     from digirl_lite.harness.runner import HarnessRunner, evolution_tasks
-    from digirl_lite.harness.teachers import make_teacher, teacher_label
+    from digirl_lite.harness.teachers import make_teacher, reads_state
     from digirl_lite.rollout.factory import make_fleet
 
     t0 = time.time()
-    log(f"harness evolution on {cfg.world}, seed {cfg.seed}: {teacher_label(cfg.teacher)}")
+    log(f"harness evolution on {cfg.world}, seed {cfg.seed}: {run_label(cfg.as_dict())}")
     test = [t.text for t in SimPhoneEnv._load_task_list(f"{cfg.world}_test")]
     evo = evolution_tasks(cfg.world, cfg.evo_tasks, seed=cfg.seed, exclude=test)
     held = test[:cfg.eval_tasks]
     make, make_constrained, policy_path = _agent_factory(cfg)
-    fleet = make_fleet(cfg.fleet, SimEnvFactory(tasks=cfg.world, ui_tree=True, **cfg.env),
-                       cfg.n_envs)
+    # the phones give obs.state only to the privileged teacher: a run without it sees what
+    # a real device shows (issue 48, "Done when")
+    fleet = make_fleet(cfg.fleet, SimEnvFactory(
+        tasks=cfg.world, ui_tree=True, **cfg.env,
+        privileged_state=reads_state(cfg.active_teacher)), cfg.n_envs)
     metrics = out / "metrics.jsonl"
     from digirl_lite.redaction import redact
 
@@ -387,7 +444,7 @@ def _evolve(cfg: EvolveConfig, out: Path, resume: bool, log: Any) -> dict[str, A
     (out / "checkpoints").mkdir(exist_ok=True)
     (out / "checkpoints" / "latest").write_text("darwinx/archive.json\n")  # for grid.py
     runner = HarnessRunner(make, fleet, out / "darwinx" / "episodes.jsonl",
-                           make_teacher(cfg.teacher))
+                           make_teacher(cfg.active_teacher))
 
     def on_gen(line: dict[str, Any]) -> None:
         log(f"generation {line['generation']}: {'accepted' if line['accepted'] else 'rejected'}"
@@ -399,7 +456,7 @@ def _evolve(cfg: EvolveConfig, out: Path, resume: bool, log: Any) -> dict[str, A
                  k_screen=cfg.k_screen, k_confirm=cfg.k_confirm, delta=cfg.delta,
                  beta=cfg.beta, accept=cfg.accept, probe_k=cfg.probe_k, seed=cfg.seed,
                  on_generation=on_gen, merges=cfg.merges, agent_reads=reads,
-                 agent_name=agent_name)
+                 agent_name=agent_name, evidence=cfg.evidence)
     archive: Archive = dx.run()
     import random
 
@@ -457,10 +514,8 @@ def _report(summary: dict[str, Any], lines: list[str]) -> str:
                     f"{r['judged_episodes']}) | {true} | {100 * r['ci95'][0]:.1f}-"
                     f"{100 * r['ci95'][1]:.1f} | {100 * r['decided']['rule']:.1f}% | "
                     f"{100 * r['decided']['xi']:.1f}% |")
-    from digirl_lite.harness.teachers import teacher_label
-
     return "\n".join([
-        f"# Harness evolution ({teacher_label(summary['config']['teacher'])})", "",
+        f"# Harness evolution ({run_label(summary['config'])})", "",
         f"Config: `{json.dumps(summary['config'])}`", "", *rows, "",
         f"{ev['generations']} generations, {ev['accepted']} accepted, "
         f"{ev.get('invalid_proposals', 0)} invalid proposals skipped, {ev['episodes']} "

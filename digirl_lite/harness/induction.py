@@ -37,7 +37,8 @@ from 16/24 to 24/24, 3 of the 4 rules acting there; General's 3 passes gave no w
 (dismiss alone, 13/24 either way), with the screen teacher's 10 reference episodes it kept 4
 (type the span, dismiss, wait) and went from 13/24 to 22/24. Inside DarwinX the gate judges
 each rule alone. The loop's evidence (:func:`~digirl_lite.harness.runner.evidence_from`) holds
-the passes of tasks the agent both solved and failed; a task it always solves adds none.
+one pass of every task the agent solved, beside a failure where it also failed the task, alone
+where it always solved it; ``EvolveConfig.evidence`` chooses the kinds the loop hands over.
 """
 
 from __future__ import annotations

@@ -253,15 +253,18 @@ def evidence_from(outcomes: Sequence[Outcome], teacher: Sequence[Outcome] = (),
                   limit: int = 24) -> list[Evidence]:
     """Failure-, teacher- and self-derived evidence from one evaluation's episodes.
 
-    Failure: each failed episode (theme and the step where it went wrong). Self: a task the
-    harness both solved and failed: a pass beside a failure. Teacher: a task it never
-    solved, with the teacher's episode at the failure's seed (``teacher``, matched by task
-    and seed). At most ``limit`` of each kind, in task order."""
+    Failure: each failed episode (theme and the step where it went wrong). Self: the
+    agent's own passes, one per task it solved: for a task it both solved and failed, a
+    pass beside a failure (``contrast``); for a task it always solved, the pass alone (what
+    it did on screens from which it went on to succeed: Agent Workflow Memory's examples,
+    issue 48). Teacher: a task it never solved, with the teacher's episode at the failure's
+    seed (``teacher``, matched by task and seed). At most ``limit`` of each kind, in task
+    order; of self evidence, the contrasted passes first."""
     by_task: dict[str, list[Outcome]] = {}
     for o in outcomes:
         if not o.infra:
             by_task.setdefault(o.task, []).append(o)
-    failure, selfd, teach = [], [], []
+    failure, contrasted, alone, teach = [], [], [], []
     tmap = {(t.task, t.seed): t for t in teacher if t.success}
     for task, outs in by_task.items():
         fails = [o for o in outs if not o.success]
@@ -273,8 +276,12 @@ def evidence_from(outcomes: Sequence[Outcome], teacher: Sequence[Outcome] = (),
                                             f"{at})"))
         if wins and fails:
             theme, at = _theme(fails[0])
-            selfd.append(Evidence("self", task, _steps(wins[0]), _steps(fails[0]), at=at,
-                                  theme=theme, summary=f"solved {len(wins)} of {len(outs)}"))
+            contrasted.append(Evidence("self", task, _steps(wins[0]), _steps(fails[0]), at=at,
+                                       theme=theme,
+                                       summary=f"solved {len(wins)} of {len(outs)}"))
+        elif wins:
+            alone.append(Evidence("self", task, _steps(wins[0]),
+                                  summary=f"solved {len(wins)} of {len(outs)}"))
         if not wins and fails:
             for f in fails:
                 ref = tmap.get((task, f.seed))
@@ -284,7 +291,7 @@ def evidence_from(outcomes: Sequence[Outcome], teacher: Sequence[Outcome] = (),
                                           theme=theme, summary="never solved; the teacher's "
                                                                "episode at the same seed"))
                     break
-    return failure[:limit] + teach[:limit] + selfd[:limit]
+    return failure[:limit] + teach[:limit] + (contrasted + alone)[:limit]
 
 
 # ---------------------------------------------------------------------------------------
@@ -359,10 +366,11 @@ def sim_policy_runner(world: str = "webshop", n_envs: int = 16,
                       ) -> tuple[HarnessRunner, Any]:
     """A runner for the frozen shipped starting policy (or ``starting_policy``, a saved
     policy's directory) on simulated phones that read their UI tree, with ``teacher`` (one
-    of :data:`~digirl_lite.harness.teachers.TEACHERS`). Returns ``(runner, policy)``."""
+    of :data:`~digirl_lite.harness.teachers.TEACHERS`); the phones give no ``obs.state``
+    unless the teacher reads it. Returns ``(runner, policy)``."""
     from digirl_lite.envs.sim.env import SimEnvFactory
     from digirl_lite.harness.harness import HarnessAgent, PolicyAgent
-    from digirl_lite.harness.teachers import make_teacher
+    from digirl_lite.harness.teachers import make_teacher, reads_state
     from digirl_lite.paths import data_dir
     from digirl_lite.policy.factory import load_policy
     from digirl_lite.rollout.factory import make_fleet
@@ -374,5 +382,10 @@ def sim_policy_runner(world: str = "webshop", n_envs: int = 16,
     def make_agent(components: dict[str, str], screens: Any) -> HarnessAgent:
         return HarnessAgent(components, PolicyAgent(policy, features, screens, temperature))
 
-    fl = make_fleet(fleet, SimEnvFactory(tasks=world, ui_tree=True, **(env or {})), n_envs)
+    if "privileged_state" in (env or {}):
+        raise ValueError("env: privileged_state follows the teacher (on for "
+                         "'privileged_expert' only); do not set it")
+    # no obs.state on the phones unless the teacher is the privileged one (issue 48)
+    fl = make_fleet(fleet, SimEnvFactory(tasks=world, ui_tree=True, **(env or {}),
+                                         privileged_state=reads_state(teacher)), n_envs)
     return HarnessRunner(make_agent, fl, cache_path, make_teacher(teacher)), policy

@@ -44,7 +44,7 @@ from digirl_lite.envs.uitree import UINode
 from digirl_lite.harness.proposers import dismiss_button
 from digirl_lite.harness.rules import goal_span, tap_action
 
-__all__ = ["ScreenTeacher", "TEACHERS", "make_teacher", "teacher_label"]
+__all__ = ["ScreenTeacher", "TEACHERS", "make_teacher", "teacher_label", "reads_state"]
 
 TEACHERS = ("screen", "privileged_expert", "none")
 """The teacher choices of the DarwinX loop (see the module docstring)."""
@@ -209,6 +209,13 @@ def make_teacher(name: str) -> Any:
         raise ValueError(f"teacher {name!r} is not one of {TEACHERS}")
     agent.teacher_name = name  # keys the runner's cache: one teacher's episodes, not another's
     return agent
+
+
+def reads_state(name: str) -> bool:
+    """Whether the teacher ``name`` reads the simulator's state (``obs.state``): only then
+    do the loop's phones put it on their observations (``SimPhoneEnv.privileged_state``);
+    on every other path they give None, as a real device (issue 48)."""
+    return name == "privileged_expert"
 
 
 def teacher_label(name: str) -> str:

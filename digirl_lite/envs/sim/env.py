@@ -129,6 +129,10 @@ class SimPhoneEnv:
             (:class:`~digirl_lite.envs.uitree.UINode` list, as a device's page source reads).
         layout: the dialogs' design, one of :data:`~digirl_lite.envs.sim.world.LAYOUTS`
             ("older": the demonstrations'; "current": today's live phone, issue 47).
+        privileged_state: put the simulator's state on every observation
+            (``obs.state``: privileged, a real device has none; the scripted experts read
+            it). False: ``obs.state`` is None, as on a real device; the environment's own
+            judge and ground truth still read the state (issue 48: DarwinX's default path).
     """
 
     def __init__(
@@ -147,6 +151,7 @@ class SimPhoneEnv:
         hard_reset_every: int = 1,
         ui_tree: bool = False,
         layout: str = "older",
+        privileged_state: bool = True,
     ) -> None:
         if layout not in LAYOUTS:
             raise ValueError(f"layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
@@ -160,6 +165,7 @@ class SimPhoneEnv:
             raise ValueError(f"hard_reset_every must be an int >= 0, got {hard_reset_every!r}")
         self.hard_reset_every = hard_reset_every
         self.ui_tree = ui_tree  # info["ui_tree"]: the screen's nodes (issue 30)
+        self.privileged_state = bool(privileged_state)  # obs.state, or None (issue 48)
         self._since_hard = 0  # episodes since the last hard reset, this one included
         self.last_reset: str | None = None
         """``"hard"`` or ``"minimal"``: how the current episode's phone was reset."""
@@ -333,7 +339,8 @@ class SimPhoneEnv:
         if sid == BLANK_CAPTURE:
             blanks += 1  # still blank after every retry
         prompt = build_prompt(self.task.text, self._last_action_text)
-        obs = Observation(img, prompt, self.task.text, self._steps, sid, self.state)
+        obs = Observation(img, prompt, self.task.text, self._steps, sid,
+                          self.state if self.privileged_state else None)
         return obs, blanks
 
     def step(self, action_text: str):
