@@ -196,20 +196,26 @@ def test_tensorboard_scalars(tmp_path):
 @pytest.mark.slow
 @pytest.mark.parametrize("world", ["webshop", "general"])
 def test_the_shipped_starting_policy_matches_the_main_jobs_config(tmp_path, world):
-    """The main job (sim_webshop, on either world) loads the shipped policies/sft-<world>:
-    it must have been built with the preset's SFT settings, or the README's command fails.
-    Rebuild with recipes/make_starting_policy.py --world <world> after changing them."""
-    from digirl_lite.train.config import sim_webshop
+    """The main job (recipes/configs/main.json, on either world) and the shipped world's
+    preset (sim_webshop) load a shipped policy (policies/sft-<world>, or the paper setting's
+    General start by its SFT key): it must have been built with their SFT settings, or the
+    README's command fails. Rebuild with recipes/make_starting_policy.py --world <world>
+    (with --config for the paper setting's) after changing them."""
+    from digirl_lite.train.config import load_config, sim_webshop
+    from digirl_lite.train.starting import shipped_policy_dir
 
-    meta = json.loads((data_dir() / "policies" / f"sft-{world}" / "sft.json").read_text())
-    assert meta["world"] == world
-    t = Trainer(sim_webshop(world=world), tmp_path / "r", cache_dir=None, progress=False)
-    assert meta["key"] == t.sft_key()
-    t.build_starting_policy()  # loads, and the policy answers
-    out = t.policy.act(["Previous Actions: Goal: Go to costco.com</s>"],
-                       np.zeros((1, t.policy.img_dim), dtype=np.float32), temperature=0.0,
-                       max_new_tokens=32)
-    assert out and isinstance(out[0], str)
+    main = load_config(ROOT / "recipes" / "configs" / "main.json", world=world)
+    for i, cfg in enumerate((main, sim_webshop(world=world))):
+        ships = shipped_policy_dir(cfg)
+        meta = json.loads((ships / "sft.json").read_text())
+        assert meta["world"] == world
+        t = Trainer(cfg, tmp_path / f"r{i}", cache_dir=None, progress=False)
+        assert meta["key"] == t.sft_key()
+        t.build_starting_policy()  # loads, and the policy answers
+        out = t.policy.act(["Previous Actions: Goal: Go to costco.com</s>"],
+                           np.zeros((1, t.policy.img_dim), dtype=np.float32),
+                           temperature=0.0, max_new_tokens=32)
+        assert out and isinstance(out[0], str)
 
 
 @pytest.mark.slow  # a tiny SFT policy, two evaluations of 6 tasks
