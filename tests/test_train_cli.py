@@ -162,6 +162,20 @@ def test_offline_only_and_online_only_runs(tmp_path):
 
 
 @pytest.mark.slow
+def test_the_offline_only_recipe_resumes(tmp_path):
+    """recipes/offline_only.py --resume (what the grid passes when the run folder exists):
+    with nothing there it starts the run; on a finished run it reports the same stages."""
+    recipe = runpy.run_path(str(ROOT / "recipes" / "offline_only.py"))
+    args = ["--quick", "--quiet", "--cache-dir", "", "--out", str(tmp_path / "off"),
+            "--resume", "--set", *[f"{k}={v}" for k, v in TINY.items()]]
+    first = recipe["main"](args)
+    again = recipe["main"](args)
+    assert set(first["stages"]) == {"copier", "offline"}
+    assert again["stages"]["offline"]["success_rate"] == first["stages"]["offline"][
+        "success_rate"]
+
+
+@pytest.mark.slow
 def test_evaluation_recipe_writes_its_report(tmp_path, monkeypatch, capsys):
     out = tmp_path / "ev"
     monkeypatch.setattr(sys, "argv", [
