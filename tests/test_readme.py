@@ -177,3 +177,22 @@ def test_a_missing_name_fails_naming_its_line(tmp_path):
     assert len(links) == 2 and all(p.startswith("README.md:7: ") for p in links), links
     refs = reference_problems(text)
     assert len(refs) == 3 and all(p.startswith("README.md:8: ") for p in refs), refs
+
+
+def test_the_readme_states_the_measured_time_of_the_first_command():
+    """The README's time figure is the one benchmarks/main_job_time.py wrote from a fresh
+    clone (issue 49, item 1): between its markers stands exactly the sentence built from the
+    ``fresh_clone`` entry of benchmarks/results/main_job_time.json."""
+    import importlib.util
+    import json
+
+    spec = importlib.util.spec_from_file_location("main_job_time",
+                                                  ROOT / "benchmarks" / "main_job_time.py")
+    mjt = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mjt)  # standard library only at import
+    record = json.loads((ROOT / "benchmarks" / "results" / "main_job_time.json")
+                        .read_text())["fresh_clone"]
+    text = README.read_text()
+    assert mjt.readme_with_figure(text, record) == text, (
+        "the README's time figure differs from main_job_time.json's fresh_clone entry: "
+        "run python benchmarks/main_job_time.py --readme")
