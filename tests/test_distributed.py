@@ -135,7 +135,7 @@ def test_two_processes_fine_tune_one_span_extractor_together(tmp_path):
     """SpanExtractor.fit in a data-parallel run: each process scores its share of every
     batch (3 of 6 rows, none twice), and both end with the same weights."""
     mp.spawn(_spanx_worker, args=(str(tmp_path),), nprocs=2, join=True)
-    r0, r1 = (torch.load(tmp_path / f"spanx{r}.pt", weights_only=False) for r in (0, 1))
+    r0, r1 = (torch.load(tmp_path / f"spanx{r}.pt", weights_only=True) for r in (0, 1))
     assert r0["before"] == r1["before"]
     assert r0["after"] == r1["after"] != r0["before"]
     assert len(r0["seen"]) == len(r1["seen"]) == 2 * 3

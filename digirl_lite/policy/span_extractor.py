@@ -31,6 +31,8 @@ from typing import Any
 
 import torch
 
+from digirl_lite import distributed as dist
+
 __all__ = ["SpanExtractor", "address_spans", "extractor_pairs"]
 
 _ADDRESS = re.compile(r"[a-z0-9][a-z0-9-]*(?:\.[a-z0-9-]+)+")
@@ -165,8 +167,6 @@ class SpanExtractor:
         opt = torch.optim.AdamW(params, lr=lr)
         self.model.train()
         loss = torch.zeros(())
-        from digirl_lite import distributed as dist
-
         rank, world = dist.rank(), dist.world_size()
         for _ in range(steps):
             # every process draws the same batch and scores its share; the gradients are
