@@ -113,25 +113,6 @@ def _truth_cells(r: dict[str, Any]) -> str:
             f"{_fmt(r.get('true_episodes'), 'd')})</td><td>{_fmt(agree.get('accuracy'))}</td>")
 
 
-def _on_policy_note(grader: Any, run: Any) -> str:
-    """What the numbers of a PPO or GRPO run's cards mean."""
-    e = html.escape
-    src = f"checkpoint <code>{e(str(run.latest_checkpoint()))}</code>"
-    if grader.algorithm == "ppo":
-        return (f"PPO values and advantages from {src}, as the learner computes them: V = the "
-                "value head's value at the step's first action token (the state the action was "
-                "taken in); A = the mean over the step's tokens of the token-level GAE "
-                f"advantage (&gamma; = {grader.gamma:g}, &lambda; = {grader.lam:g}, terminal "
-                "value 0); logp = the log-probability of the action recorded when it was "
-                "sampled (the sum over its tokens); in each header R = the final reward, "
-                "V<sub>start</sub> = V of the first step. PPO filters nothing (no kept or "
-                "dropped). Evaluation episodes are never trained on.")
-    return (f"GRPO from {src}: GRPO has no value head, so no per-step values. A = the "
-            "trajectory's reward standardised within its group (this stage's trajectories of "
-            "the same task), given to every token; evaluation draws each task once, so a "
-            "group of one has A = 0. logp = the recorded log-probability of the action.")
-
-
 def build_report(run_dir: str | os.PathLike[str], out: str | os.PathLike[str] | None = None,
                  *, stages: list[str] | None = None, max_per_stage: int | None = None,
                  thumb_width: int = 180, grades: bool = True, grader: Any = None,
@@ -204,20 +185,11 @@ def build_report(run_dir: str | os.PathLike[str], out: str | os.PathLike[str] | 
             grader = Grader.from_run(run)
         except FileNotFoundError as err:
             note = f"Not graded: {err}."
-    if grader is not None and getattr(grader, "algorithm", None) in ("ppo", "grpo"):
-        note = _on_policy_note(grader, run)
-    elif grader is not None:
-        rule = ("Filtered BC: a trajectory is kept when it succeeded, with every valid step"
-                if grader.algorithm == "filtered_bc" else
-                f"DigiRL: a trajectory is kept when its A<sub>instr</sub> is in the top "
-                f"{grader.top_p:.0%} of its stage's trajectories (Eq. 4.4); a step of a kept "
-                + ("trajectory when A &gt; 1/H (Eq. 4.3, &lambda; = "
-                   f"{grader.lam:g})" if grader.step_filter == "paper"
-                   else "trajectory when the released code's grade &gt; 0"))
-        note = (f"Grades from checkpoint <code>{e(str(run.latest_checkpoint()))}</code>: "
-                "V = the step critic's value of the state the action was taken in, A = the "
-                f"step grade. {rule}. Evaluation episodes are never trained on: kept says "
-                "what the filters would do with them.")
+    if grader is not None:  # what the grades mean: the run's learner says
+        from digirl_lite.learners import learner_class
+
+        note = learner_class(grader.algorithm).grades_note(
+            grader, f"<code>{e(str(run.latest_checkpoint()))}</code>")
     if note:
         parts.append(f'<p class="dl-note">{note}</p>')
     if shown:

@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> dict:
         print_table(results, cfg.eval_tasks)
         print(f"wall time: {sum(r['wall_s'] for r in results.values()):.0f} s; "
               f"run folder: {args.out}")
-    if trainer.world > 1:  # leave the group together: a process that exits while the other
+    if trainer.world_size > 1:  # leave the group together: a process that exits while the other
         # still holds gloo's connections can abort in C++ ("terminate called without an
         # active exception", seen on --resume of a finished 2-process run)
         trainer.accelerator.wait_for_everyone()

@@ -384,9 +384,9 @@ def test_trajectory_loss_norm_weighs_every_trajectory_alike(tmp_path):
     assert Trainer(sim_quick(algorithm="grpo", policy_loss_norm="token"), tmp_path / "b",
                    cache_dir=None, progress=False).learner.policy_loss_weights(rows) is None
     # the defaults (issue 28): GRPO weighs trajectories alike, PPO tokens
-    assert sim_quick(algorithm="grpo").policy_loss_normalisation == "trajectory"
-    assert sim_quick(algorithm="ppo").policy_loss_normalisation == "token"
-    assert sim_quick().policy_loss_normalisation is None
+    assert sim_quick(algorithm="grpo").resolved("policy_loss_norm") == "trajectory"
+    assert sim_quick(algorithm="ppo").resolved("policy_loss_norm") == "token"
+    assert sim_quick().resolved("policy_loss_norm") is None
     with pytest.raises(ValueError, match="policy_loss_norm='trajectory' has no effect"):
         sim_quick(policy_loss_norm="trajectory")
     with pytest.raises(ValueError, match="policy_loss_norm"):

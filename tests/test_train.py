@@ -49,15 +49,19 @@ def test_config_validates_and_round_trips():
     # the paper's defaults where the simulator preset does not change them
     d = DigiRLConfig()
     assert (d.rollouts_per_iteration, d.capacity, d.critic_updates, d.actor_updates,
-            d.actor_batch, d.actor_learning_rate, d.actor_grad_clip, d.top_p, d.lam) == \
+            d.actor_batch, d.resolved("actor_lr"), d.actor_grad_clip, d.top_p, d.lam) == \
         (16, 5000, 5, 20, 128, 1e-4, 0.01, 0.1, 0.5)
     # the on-policy learners' own rate (issue 28), unless actor_lr says
-    assert DigiRLConfig(algorithm="ppo").actor_learning_rate == 1e-5
-    assert DigiRLConfig(algorithm="grpo", actor_lr=3e-5).actor_learning_rate == 3e-5
+    assert DigiRLConfig(algorithm="ppo").resolved("actor_lr") == 1e-5
+    assert DigiRLConfig(algorithm="grpo", actor_lr=3e-5).resolved("actor_lr") == 3e-5
     # and their offline imitation (issue 28), on unless offline_imitation says
-    assert DigiRLConfig(algorithm="ppo").imitates_offline
-    assert not DigiRLConfig(algorithm="grpo", offline_imitation=False).imitates_offline
-    assert not DigiRLConfig().imitates_offline
+    assert DigiRLConfig(algorithm="ppo").resolved("offline_imitation")
+    assert not DigiRLConfig(algorithm="grpo", offline_imitation=False
+                            ).resolved("offline_imitation")
+    assert not DigiRLConfig().resolved("offline_imitation")
+    # one name each: the field (None: the learner's own), read through resolved()
+    for old in ("actor_learning_rate", "policy_loss_normalisation", "imitates_offline"):
+        assert not hasattr(DigiRLConfig, old)
     with pytest.raises(ValueError, match="actor_lr"):
         DigiRLConfig(actor_lr=0.0)
 
@@ -311,13 +315,14 @@ def test_effective_fields_compare_runs_as_they_run():
     """A moved default compares as the value the run uses (None: the algorithm's own, issue
     28), and a field the algorithm does not read is left out; so a checkpoint or grid result
     written before a default moved differs only where the run would."""
-    from digirl_lite.train.config import ACTOR_LR, effective_fields, sim_webshop
+    from digirl_lite.learners.grpo import GRPO
+    from digirl_lite.train.config import effective_fields, sim_webshop
 
     old_digirl = {**sim_webshop().as_dict(), "policy_loss_norm": "token", "actor_lr": 1e-4}
     assert effective_fields(old_digirl) == effective_fields(sim_webshop().as_dict())
     grpo = sim_webshop(algorithm="grpo").as_dict()
     eff = effective_fields(grpo)
-    assert eff["policy_loss_norm"] == "trajectory" and eff["actor_lr"] == ACTOR_LR["grpo"]
+    assert eff["policy_loss_norm"] == "trajectory" and eff["actor_lr"] == GRPO.defaults["actor_lr"]
     assert "ppo_lam" not in eff and "step_filter" not in eff  # GRPO reads neither
     assert effective_fields({**grpo, "policy_loss_norm": "token"}) != eff
     assert eff["offline_imitation"] is True  # None: GRPO's own

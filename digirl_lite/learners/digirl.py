@@ -12,12 +12,10 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
-from digirl_lite import distributed as dist
 from digirl_lite import filters
-from digirl_lite.learners.base import Learner
-from digirl_lite.policy.updates import actor_precision, mle_update
+from digirl_lite.learners import register
+from digirl_lite.learners.base import CRITICS, Learner
 
 if TYPE_CHECKING:  # pragma: no cover
     from digirl_lite.data.records import Step, Trajectory
@@ -27,41 +25,81 @@ __all__ = ["DigiRL"]
 TRAJECTORY_CHOICES = ("top_p", "successes", "all")
 
 
+@register("digirl")
 class DigiRL(Learner):
-    name = "digirl"
-    uses_critics = True
+    reads = ("instruction_filter", "step_filter", "critic_loss")
+    critics = CRITICS
+
+    @classmethod
+    def check_config(cls, cfg) -> None:
+        if cfg.step_filter not in filters.STEP_FILTERS:
+            raise ValueError(f"step_filter must be one of {filters.STEP_FILTERS}, "
+                             f"got {cfg.step_filter!r}")
+        if cfg.critic_loss not in ("ce", "mse"):
+            raise ValueError(f"critic_loss must be 'ce' or 'mse', got {cfg.critic_loss!r}")
+
+    # -- the keep rules (also the viewer's: digirl_lite.viz.grades) -------------------------
+    @classmethod
+    def trajectory_keep(cls, rewards: np.ndarray, instr_advantages: np.ndarray,
+                        top_p: float) -> np.ndarray:
+        """Which of the usable trajectories (final rewards and Eq. 4.4's advantages, (N,))
+        the online filter keeps: Eq. 4.4's top ``top_p`` by instruction advantage."""
+        return filters.keep_top_fraction(instr_advantages, top_p)
+
+    @classmethod
+    def step_keep(cls, step_ok: np.ndarray) -> np.ndarray:
+        """Which steps of a kept trajectory are trained on (before the validity of their
+        actions), given what ``step_filter`` keeps ((T,) bool): those."""
+        return np.asarray(step_ok, dtype=bool)
+
+    @classmethod
+    def keep_rule(cls, grader: Any) -> str:
+        """The keep rules in words (HTML), with ``grader``'s settings."""
+        return (f"DigiRL: a trajectory is kept when its A<sub>instr</sub> is in the top "
+                f"{grader.top_p:.0%} of its stage's trajectories (Eq. 4.4); a step of a kept "
+                + ("trajectory when A &gt; 1/H (Eq. 4.3, &lambda; = "
+                   f"{grader.lam:g})" if grader.step_filter == "paper"
+                   else "trajectory when the released code's grade &gt; 0"))
+
+    @classmethod
+    def grades_note(cls, grader: Any, checkpoint: str) -> str:
+        return (f"Grades from checkpoint {checkpoint}: "
+                "V = the step critic's value of the state the action was taken in, A = the "
+                f"step grade. {cls.keep_rule(grader)}. Evaluation episodes are never trained "
+                "on: kept says what the filters would do with them.")
 
     # -- the phases -------------------------------------------------------------------------
     def offline(self, pile: Sequence[Trajectory]) -> dict[str, Any]:
         run, c = self.run, self.cfg
-        if self.uses_critics:  # the critics' inputs
+        if self.critics:  # the critics' inputs
             run.text.get(sorted({t.task for t in pile}))
-        crit = run._timed("offline_critics", lambda: self.train_critics(
+        crit = run.timed("offline_critics", lambda: self.train_critics(
             c.offline_critic_updates))
-        steps, weights, kept = run._timed("offline_filter", lambda: self.select_steps(
+        steps, weights, kept = run.timed("offline_filter", lambda: self.select_steps(
             pile, "successes"))  # spec: offline, every success
-        loss = run._timed("offline_actor", lambda: self.train_actor(
+        loss = run.timed("offline_actor", lambda: self.train_actor(
             steps, c.offline_actor_updates, weights))
         return {**crit, **kept, "actor_loss": loss}
 
     def update(self, collected: Sequence[Trajectory]) -> dict[str, Any]:
         run, c = self.run, self.cfg
-        crit = run._timed("critics", lambda: self.train_critics(c.critic_updates))
-        steps, weights, kept = run._timed("filter", lambda: self.select_steps(
+        crit = run.timed("critics", lambda: self.train_critics(c.critic_updates))
+        steps, weights, kept = run.timed("filter", lambda: self.select_steps(
             run.buffer.trajectories("train"), "top_p" if c.instruction_filter else "all"))
-        loss = run._timed("actor", lambda: self.train_actor(steps, c.actor_updates, weights))
+        loss = run.timed("actor", lambda: self.train_actor(steps, c.actor_updates, weights))
         return {**crit, **kept, "actor_loss": loss}
 
     # -- critics ----------------------------------------------------------------------------
     def train_critics(self, updates: int) -> dict[str, float]:
         """``updates`` cross-entropy updates of both critics on the buffer's training split
         (none where the learner reads no critic)."""
+        from digirl_lite import distributed as dist
         from digirl_lite.critics.data import buffer_texts, instruction_batch, step_batches
         from digirl_lite.critics.losses import instruction_critic_loss, step_critic_loss
 
         run, c = self.run, self.cfg
         trajs = run.buffer.trajectories("train")
-        if not trajs or updates <= 0 or not self.uses_critics:
+        if not trajs or updates <= 0 or not self.critics:
             return {}
         s_loss = i_loss = float("nan")
         # the prompts' embeddings: with N processes each encodes 1/N of the new ones
@@ -73,7 +111,7 @@ class DigiRL(Learner):
         run.step_critic.train()
         run.instr_critic.train()
         accum = c.grad_accum  # step-critic minibatches per update (released: 32)
-        for _ in run._iter(updates, "critics"):
+        for _ in run.iterate(updates, "critics"):
             run.critic_opt.zero_grad()
             s_loss = 0.0
             for j in range(accum):
@@ -129,18 +167,22 @@ class DigiRL(Learner):
 
     def keep_trajectories(self, usable: Sequence[Trajectory], rewards: np.ndarray
                           ) -> np.ndarray:
-        """Eq. 4.4: the top ``top_p`` of ``usable`` by instruction advantage."""
+        """:meth:`trajectory_keep` on ``usable`` (their instruction critic's values)."""
+        import torch
+
         from digirl_lite.critics.data import instruction_values
 
         with torch.no_grad():
             v_i = instruction_values(usable, self.run.text, self.run.instr_critic)
-        return filters.keep_top_fraction(filters.instruction_advantage(rewards, v_i),
-                                         self.cfg.top_p)
+        return self.trajectory_keep(rewards, filters.instruction_advantage(rewards, v_i),
+                                    self.cfg.top_p)
 
     def step_grades(self, kept: Sequence[Trajectory]
                     ) -> list[tuple[Trajectory, np.ndarray, np.ndarray]]:
         """Each kept trajectory with its steps' grades and which ``step_filter`` keeps
         (Eq. 4.3, the released grade, or every step for "none")."""
+        import torch
+
         from digirl_lite.critics.data import critic_values_many
 
         c = self.cfg
@@ -156,9 +198,9 @@ class DigiRL(Learner):
 
     def choose_steps(self, kept: Sequence[Trajectory]
                      ) -> tuple[list[Step], np.ndarray | None, dict[str, Any]]:
-        """The valid steps of ``kept`` that the step filter keeps (no weights)."""
+        """The valid steps of ``kept`` that :meth:`step_keep` keeps (no weights)."""
         steps = [s for t, _, keep in self.step_grades(kept)
-                 for s, k in zip(t.steps, keep) if k and s.action.is_valid]
+                 for s, k in zip(t.steps, self.step_keep(keep)) if k and s.action.is_valid]
         return steps, None, {}
 
     # -- the actor --------------------------------------------------------------------------
@@ -166,12 +208,14 @@ class DigiRL(Learner):
                     weights: np.ndarray | None = None) -> float:
         """``updates`` maximum-likelihood updates on minibatches of ``steps`` drawn
         uniformly; with ``weights`` (AWR) each minibatch's loss is their weighted mean."""
+        from digirl_lite.policy.updates import actor_precision, mle_update
+
         run, c = self.run, self.cfg
         if not steps or updates <= 0:
             return float("nan")
         loss = float("nan")
         with actor_precision(self.policy, c.actor_precision):
-            for _ in run._iter(updates, "actor"):
+            for _ in run.iterate(updates, "actor"):
                 idx = self.rng.integers(0, len(steps), c.actor_batch)
                 loss = mle_update(self.policy, run.actor_opt, [steps[i] for i in idx],
                                   run.screens, c.actor_grad_clip, run.accelerator,

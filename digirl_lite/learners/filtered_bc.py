@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from digirl_lite import filters
+from digirl_lite.learners import register
 from digirl_lite.learners.digirl import DigiRL
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -17,15 +18,34 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["FilteredBC"]
 
 
+@register("filtered_bc")
 class FilteredBC(DigiRL):
-    name = "filtered_bc"
-    uses_critics = False
+    reads = ()
+    critics = ()
     offline_work = "actor"
+
+    @classmethod
+    def check_config(cls, cfg) -> None:
+        """Nothing of its own (its reward filter reads ``top_p``)."""
+
+    @classmethod
+    def keep_rule(cls, grader: Any) -> str:
+        return "Filtered BC: a trajectory is kept when it succeeded, with every valid step"
+
+    @classmethod
+    def trajectory_keep(cls, rewards: np.ndarray, instr_advantages: np.ndarray,
+                        top_p: float) -> np.ndarray:
+        """Rewards at or above their 1 - ``top_p`` quantile: every success (no critic)."""
+        return filters.filtered_bc_keep(rewards, p=top_p)
+
+    @classmethod
+    def step_keep(cls, step_ok: np.ndarray) -> np.ndarray:
+        """Every step."""
+        return np.ones(len(step_ok), dtype=bool)
 
     def keep_trajectories(self, usable: Sequence[Trajectory], rewards: np.ndarray
                           ) -> np.ndarray:
-        """Rewards at or above their 1 - ``top_p`` quantile: every success."""
-        return filters.filtered_bc_keep(rewards, p=self.cfg.top_p)
+        return self.trajectory_keep(rewards, rewards, self.cfg.top_p)
 
     def choose_steps(self, kept: Sequence[Trajectory]
                      ) -> tuple[list[Step], np.ndarray | None, dict[str, Any]]:

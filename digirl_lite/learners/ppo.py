@@ -15,44 +15,179 @@ update :func:`digirl_lite.policy.updates.ppo_update`.
 from __future__ import annotations
 
 import copy
-import json
-import os
-import shutil
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
+from digirl_lite.errors import ConfigError
+from digirl_lite.learners import register
 from digirl_lite.learners.base import Learner
-from digirl_lite.paths import atomic_write_text, fsync_dir, fsync_tree
-from digirl_lite.policy.updates import actor_precision, pad_rows, scoring_masks, steps_to_batch
 
 if TYPE_CHECKING:  # pragma: no cover
     from digirl_lite.data.records import Trajectory
     from digirl_lite.policy.on_policy import PPORow
 
-__all__ = ["PPO"]
+__all__ = ["PPO", "ON_POLICY_FIELDS"]
+
+ON_POLICY_FIELDS = ("ppo_clip_eps", "ppo_epochs", "ppo_minibatch", "kl_coef", "kl_reference",
+                    "offline_policy_passes", "offline_imitation", "policy_loss_norm",
+                    "negative_advantage_scale")
+"""The config fields PPO and GRPO both read (the clipped update, the KL, the offline
+phase); PPO adds its value head's and GAE's."""
 
 REFERENCE_MAX_PARAMETERS = 50_000_000
 """A policy up to this size keeps a frozen copy of its start (for the KL reading) even with
 no KL penalty: the copy and one scoring pass per iteration cost little."""
 
 
+@register("ppo")
 class PPO(Learner):
-    name = "ppo"
     on_policy = True
+    reads = (*ON_POLICY_FIELDS, "ppo_gamma", "ppo_lam", "value_coef", "value_lr",
+             "value_bias", "critic_warmup_updates", "value_grad_clip", "advantage_norm")
+    defaults = {"actor_lr": 1e-5, "policy_loss_norm": "token", "offline_imitation": True}
+    """Issue 28: 10x below the imitation learners' rate (see the config's ``actor_lr``), a
+    token mean, and Filtered BC's offline phase first (``offline_imitation``)."""
+    data_parallel = False
+    """Each process would take its own number of minibatches and the collectives would
+    hang: one process until the on-policy updates are made data parallel."""
     own_offline_work = "the value head's warm-up"
     value_coef_applies = True  # GRPO: no value head in the loss
 
     def __init__(self, run) -> None:
         super().__init__(run)
         self._reference = None  # the frozen starting policy (reference_policy)
+        self._reference_state: dict[str, Any] | None = None  # from a checkpoint, not built
+
+    # -- its config section -----------------------------------------------------------------
+    @classmethod
+    def check_config(cls, cfg) -> None:
+        if not 0 < cfg.ppo_clip_eps < 1:
+            raise ValueError(f"ppo_clip_eps must be in (0, 1), got {cfg.ppo_clip_eps}")
+        if not (0 <= cfg.ppo_gamma <= 1 and 0 <= cfg.ppo_lam <= 1):
+            raise ValueError(f"ppo_gamma and ppo_lam must be in [0, 1], got {cfg.ppo_gamma}, "
+                             f"{cfg.ppo_lam}")
+        if cfg.offline_policy_passes < 0:
+            raise ValueError(f"offline_policy_passes must be >= 0, "
+                             f"got {cfg.offline_policy_passes}")
+        for name in ("ppo_epochs", "ppo_minibatch", "grpo_group"):
+            if getattr(cfg, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(cfg, name)}")
+        if cfg.value_coef < 0 or cfg.kl_coef < 0 or cfg.critic_warmup_updates < 0:
+            raise ValueError("value_coef, kl_coef and critic_warmup_updates must be >= 0")
+        if not cfg.value_lr > 0:
+            raise ValueError(f"value_lr must be positive, got {cfg.value_lr}")
+        if cfg.kl_reference not in ("start", "sampling"):
+            raise ValueError(f"kl_reference must be 'start' or 'sampling', "
+                             f"got {cfg.kl_reference!r}")
+        if not 0.0 <= cfg.negative_advantage_scale <= 1.0:
+            raise ValueError(f"negative_advantage_scale must be in [0, 1], "
+                             f"got {cfg.negative_advantage_scale}")
+        if cfg.value_grad_clip is not None and not cfg.value_grad_clip > 0:
+            raise ValueError(f"value_grad_clip must be positive or None, "
+                             f"got {cfg.value_grad_clip}")
+        if cfg.advantage_norm not in ("none", "batch"):
+            raise ValueError(f"advantage_norm must be 'none' or 'batch', "
+                             f"got {cfg.advantage_norm!r}")
+        if cfg.grpo_groups not in ("draw", "task"):
+            raise ValueError(f"grpo_groups must be 'draw' or 'task', got {cfg.grpo_groups!r}")
+        if cfg.policy_loss_norm not in (None, "token", "trajectory"):
+            raise ValueError(f"policy_loss_norm must be 'token' or 'trajectory', "
+                             f"got {cfg.policy_loss_norm!r}")
+        cls._check_scoring(cfg)
+
+    @staticmethod
+    def _check_scoring(cfg) -> None:
+        """PPO's and GRPO's ratio divides the model's own probability of each recorded token
+        (temperature 1, the actor's precision, the sampling's masks: the Auto-UI policy puts
+        the grammar and the copy mask again when it scores, issue 47) by the one recorded at
+        sampling: the two must be the same distribution before any update, or the ratio is
+        off from the first step (measured on an untrained policy: up to 2.4 nats per token
+        apart at temperature 0.7, 10.6 under the grammar mask scored without it, whose
+        recorded probabilities are always the larger, so every negative advantage is clipped
+        away; bf16 scoring put 2.5% of the shipped policy's tokens outside [0.8, 1.2] before
+        any update)."""
+        a = cfg.algorithm
+        if cfg.temperature != 1.0:
+            raise ConfigError(f"temperature={cfg.temperature}: algorithm={a!r} scores the "
+                              "recorded tokens at temperature 1 (greedy decoding records no "
+                              "log-probabilities at all); sample at temperature 1")
+        for name in ("constrained_decoding", "copy_typed_text"):
+            if getattr(cfg, name) and cfg.policy != "autoui":
+                raise ConfigError(f"{name}: algorithm={a!r} scores the recorded tokens under "
+                                  "the sampling's masks, which the Auto-UI policy puts again "
+                                  f"(policy='autoui'), not policy={cfg.policy!r}; run it "
+                                  f"with {name} false")
+        if cfg.goal_token_dropout:
+            raise ConfigError(f"goal_token_dropout={cfg.goal_token_dropout}: algorithm={a!r} "
+                              "scores the sampled tokens in training mode, where the dropped "
+                              "goal embeddings change their probabilities; set it to 0")
+        if cfg.policy == "vlm" and cfg.vlm_dtype != "fp32":
+            raise ConfigError(f"vlm_dtype={cfg.vlm_dtype!r}: algorithm={a!r} needs the "
+                              "recorded log-probabilities to be the scored ones, and a bf16 "
+                              "model samples (with a key-value cache) and scores (one "
+                              "forward) with different roundings; use vlm_dtype 'fp32'")
+        if cfg.policy == "vlm" and cfg.lora.get("dropout", 0.0):
+            raise ConfigError(f"lora.dropout={cfg.lora['dropout']}: algorithm={a!r} scores "
+                              "the sampled tokens in training mode, where dropout changes "
+                              "them; use lora dropout 0")
+        if cfg.actor_precision != "fp32":
+            raise ConfigError(f"actor_precision={cfg.actor_precision!r}: algorithm={a!r} "
+                              "compares probabilities across a bf16 forward and the "
+                              "sampler's fp32 one (ratios 0.71-1.27 before any update); "
+                              "use 'fp32'")
+        if cfg.actor_updates == 0:
+            raise ConfigError(f"actor_updates=0 does not freeze algorithm={a!r}: its updates "
+                              "per iteration are ppo_epochs over the iteration's data")
+
+    @classmethod
+    def grades_note(cls, grader: Any, checkpoint: str) -> str:
+        return (f"PPO values and advantages from checkpoint {checkpoint}, as the learner "
+                "computes them: V = the "
+                "value head's value at the step's first action token (the state the action was "
+                "taken in); A = the mean over the step's tokens of the token-level GAE "
+                f"advantage (&gamma; = {grader.gamma:g}, &lambda; = {grader.lam:g}, terminal "
+                "value 0); logp = the log-probability of the action recorded when it was "
+                "sampled (the sum over its tokens); in each header R = the final reward, "
+                "V<sub>start</sub> = V of the first step. PPO filters nothing (no kept or "
+                "dropped). Evaluation episodes are never trained on.")
+
+    # -- its checkpoint state ---------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """The frozen reference policy's weights once it is made (:meth:`reference_policy`),
+        so a resumed run reads the same one."""
+        ref = self._reference
+        if ref is None:
+            return {} if self._reference_state is None else \
+                {"reference_policy": self._reference_state}
+        return {"reference_policy": {"model": ref.model.state_dict(),
+                                     "value_head": ref.value_head.state_dict()}}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """The reference's weights (built on first use), or, from a checkpoint saved before
+        the learner had a state of its own, the ``OUT/reference_policy`` folder that
+        version wrote."""
+        self._reference = None
+        self._reference_state = state.get("reference_policy")
+        if self._reference_state is None and not state:
+            self._reference_state = self._old_reference_folder()
+
+    def _old_reference_folder(self) -> dict[str, Any] | None:
+        """The weights in ``OUT/reference_policy`` (an older version's), or None."""
+        out = getattr(self.run, "out", None)
+        d = None if out is None else out / "reference_policy"
+        if d is None or not (d / "state.json").exists():
+            return None
+        from digirl_lite.policy.factory import load_kwargs, load_policy
+
+        old = load_policy(d / "policy", **load_kwargs(self.cfg), device="cpu")
+        return {"model": old.model.state_dict(), "value_head": old.value_head.state_dict()}
 
     @property
     def offline_work(self) -> str:
         """For the run's line about the offline phase."""
-        if not self.cfg.imitates_offline:
+        if not self.cfg.resolved("offline_imitation"):
             return self.own_offline_work
         then = f", then {self.own_offline_work}" if self.value_coef_applies else ""
         return f"the actor on the pile's successes{then}"
@@ -67,24 +202,26 @@ class PPO(Learner):
     def offline(self, pile: Sequence[Trajectory]) -> dict[str, Any]:
         run, c = self.run, self.cfg
         info = self.imitate(pile)
-        info.update(run._timed("offline_actor", lambda: self.warm_up_value_head(pile)))
+        info.update(run.timed("offline_actor", lambda: self.warm_up_value_head(pile)))
         if c.offline_policy_passes:  # and the learner's own update on the pile
-            info.update(run._timed("offline_actor", lambda: self.train_on_policy(
+            info.update(run.timed("offline_actor", lambda: self.train_on_policy(
                 pile, passes=c.offline_policy_passes)))
         return info
 
     def imitate(self, pile: Sequence[Trajectory]) -> dict[str, Any]:
         """``offline_imitation``: Filtered BC's offline phase on ``pile`` (every valid step of
         its successes, ``offline_actor_updates`` updates) with an AdamW of its own at the
-        imitation rate; the run's actor optimiser (PPO's rate, and the value head) is left
-        as it was. Logged as ``imitation_*``; {} when off."""
+        imitation rate (Filtered BC's ``actor_lr``); the run's actor optimiser (PPO's rate,
+        and the value head) is left as it was. Logged as ``imitation_*``; {} when off."""
+        import torch
+
         from digirl_lite.learners.filtered_bc import FilteredBC
 
         run, c = self.run, self.cfg
-        if not c.imitates_offline:
+        if not c.resolved("offline_imitation"):
             return {}
         params = [p for p in self.policy.parameters() if p.requires_grad]
-        own = torch.optim.AdamW(params, lr=c.imitation_learning_rate)
+        own = torch.optim.AdamW(params, lr=FilteredBC.defaults["actor_lr"])
         kept_opt, run.actor_opt = run.actor_opt, own
         try:  # FilteredBC.offline times its own parts (offline_filter, offline_actor)
             info = FilteredBC(run).offline(pile)
@@ -93,7 +230,7 @@ class PPO(Learner):
         return {f"imitation_{k}": v for k, v in info.items()}
 
     def update(self, collected: Sequence[Trajectory]) -> dict[str, Any]:
-        out = self.run._timed("actor", lambda: self.train_on_policy(collected))
+        out = self.run.timed("actor", lambda: self.train_on_policy(collected))
         out["actor_loss"] = out.pop("policy_loss", float("nan"))
         return out
 
@@ -102,22 +239,30 @@ class PPO(Learner):
         """GRPO's group of each trajectory (None: PPO has none)."""
         return None
 
-    def rows(self, trajs: Sequence[Trajectory], monte_carlo: bool = False) -> list[PPORow]:
-        """A :class:`~digirl_lite.policy.on_policy.PPORow` per step of ``trajs``: this
-        policy's :func:`~digirl_lite.policy.on_policy.on_policy_rows` with the run's
-        algorithm, ``ppo_gamma`` and ``ppo_lam`` (``monte_carlo``: lambda 1, the warm-up's
-        targets) and :meth:`groups`."""
-        from digirl_lite.policy.on_policy import on_policy_rows
+    @classmethod
+    def token_rows(cls, trajs: Sequence[Trajectory], policy, screens, *, gamma: float,
+                   lam: float, monte_carlo: bool = False,
+                   groups: dict[str, Any] | None = None) -> list[PPORow]:
+        """A :class:`~digirl_lite.policy.on_policy.PPORow` per step of ``trajs`` as this
+        learner computes them (PPO: :func:`~digirl_lite.policy.on_policy.gae_rows`, token
+        GAE on ``policy``'s value head; ``groups`` unused); the viewer calls it too
+        (:class:`~digirl_lite.viz.OnPolicyGrader`)."""
+        from digirl_lite.policy.on_policy import gae_rows
 
+        return gae_rows(trajs, policy, screens, gamma=gamma, lam=lam, monte_carlo=monte_carlo)
+
+    def rows(self, trajs: Sequence[Trajectory], monte_carlo: bool = False) -> list[PPORow]:
+        """:meth:`token_rows` of ``trajs`` with this run's policy, ``ppo_gamma`` and
+        ``ppo_lam`` (``monte_carlo``: lambda 1, the warm-up's targets) and :meth:`groups`."""
         c = self.cfg
-        return on_policy_rows(trajs, self.policy, self.run.screens, algorithm=self.name,
-                              gamma=c.ppo_gamma, lam=c.ppo_lam, monte_carlo=monte_carlo,
-                              groups=self.groups(trajs))
+        return self.token_rows(trajs, self.policy, self.run.screens, gamma=c.ppo_gamma,
+                               lam=c.ppo_lam, monte_carlo=monte_carlo,
+                               groups=self.groups(trajs))
 
     def batch(self, rows, pick, weights: Sequence[float] | None = None,
               ref: Sequence[Sequence[float]] | None = None) -> Any:
         """The :class:`~digirl_lite.policy.updates.PPOBatch` of ``rows[pick]``."""
-        from digirl_lite.policy.updates import PPOBatch
+        from digirl_lite.policy.updates import PPOBatch, steps_to_batch
 
         chosen = [rows[i] for i in pick]
         prompts, feats, _ = steps_to_batch([r[0] for r in chosen], self.run.screens,
@@ -131,10 +276,10 @@ class PPO(Learner):
 
     def policy_loss_weights(self, rows) -> np.ndarray | None:
         """Each row's token weight in the policy loss under ``policy_loss_norm`` (the
-        algorithm's own where None): None for
-        "token" (a token mean); for "trajectory", 1 / the tokens of the row's trajectory
-        among ``rows`` (every trajectory weighs the same)."""
-        if self.cfg.policy_loss_normalisation == "token":
+        learner's own where None, :attr:`defaults`): None for "token" (a token mean); for
+        "trajectory", 1 / the tokens of the row's trajectory among ``rows`` (every
+        trajectory weighs the same)."""
+        if self.cfg.resolved("policy_loss_norm") == "token":
             return None
         tokens: dict[str, int] = {}
         for r in rows:
@@ -156,43 +301,36 @@ class PPO(Learner):
         """The frozen policy the on-policy updates started from (the KL penalty's reference
         under ``kl_reference="start"``, and the ``kl_start`` of metrics.jsonl), or None where
         it is not kept: it is kept with ``kl_coef`` > 0 and "start", and for policies of up
-        to :data:`REFERENCE_MAX_PARAMETERS`. Made at the first on-policy update and saved in
-        ``OUT/reference_policy`` (so a resumed run reads the same one)."""
+        to :data:`REFERENCE_MAX_PARAMETERS`. Made at the first on-policy update and saved
+        with the run's checkpoints (:meth:`state_dict`), so a resumed run reads the same
+        one."""
         if self._reference is not None:
             return self._reference
-        run, c = self.run, self.cfg
+        c = self.cfg
         if not ((c.kl_coef > 0 and c.kl_reference == "start")
                 or self.policy.num_parameters() <= REFERENCE_MAX_PARAMETERS):
             return None
-        from digirl_lite.policy.factory import load_kwargs, load_policy
-
-        d = run.out / "reference_policy"
-        if (d / "state.json").exists():
-            self._reference = load_policy(d / "policy", **load_kwargs(c),
-                                          device=run.accelerator.device)
-        else:
-            # the trainer's behaviour copy's way: the wrapper shallow (a VLM's processor
-            # holds locks), the networks deep
-            self._reference = copy.copy(self.policy)
-            self._reference.model = copy.deepcopy(self.policy.model)
-            self._reference.value_head = copy.deepcopy(self.policy.value_head)
-            if run.is_main:
-                tmp = run.out / "reference_policy.tmp"
-                shutil.rmtree(tmp, ignore_errors=True)
-                self._reference.save(tmp / "policy")
-                atomic_write_text(tmp / "state.json", json.dumps(
-                    {"iteration": run.iteration}))
-                fsync_tree(tmp)
-                shutil.rmtree(d, ignore_errors=True)
-                os.replace(tmp, d)
-                fsync_dir(run.out)
-        self._reference.model.eval()
-        for p in self._reference.parameters():
+        # the trainer's behaviour copy's way: the wrapper shallow (a VLM's processor holds
+        # locks), the networks deep
+        ref = copy.copy(self.policy)
+        ref.model = copy.deepcopy(self.policy.model)
+        ref.value_head = copy.deepcopy(self.policy.value_head)
+        if self._reference_state is not None:  # a resumed run's
+            ref.model.load_state_dict(self._reference_state["model"])
+            ref.value_head.load_state_dict(self._reference_state["value_head"])
+            self._reference_state = None
+        ref.model.eval()
+        for p in ref.parameters():
             p.requires_grad_(False)
-        return self._reference
+        self._reference = ref
+        return ref
 
     def rows_log_probs(self, policy, rows) -> list[np.ndarray]:
         """``policy``'s log-probability of each row's tokens (no gradient), one array each."""
+        import torch
+
+        from digirl_lite.policy.updates import scoring_masks, steps_to_batch
+
         out: list[np.ndarray] = []
         with torch.no_grad():
             for a in range(0, len(rows), 64):
@@ -211,6 +349,7 @@ class PPO(Learner):
         the mean entropy of its next-token distribution at its sampled tokens, and its KL
         (k3, token mean) to the starting policy. Returns them and the reference's
         log-probabilities of every row's tokens (None without a reference)."""
+        from digirl_lite.policy.updates import steps_to_batch
         from digirl_lite.ppo import kl_k3
 
         steps = [s for t in trajs for s in t.steps]
@@ -238,7 +377,7 @@ class PPO(Learner):
         recorded when the step was sampled. Returns the last pass's mean statistics (the
         clip fraction and gradient norms of the first pass: ``*_first``), and
         :meth:`readings`."""
-        from digirl_lite.policy.updates import ppo_update
+        from digirl_lite.policy.updates import actor_precision, ppo_update
 
         run, c = self.run, self.cfg
         passes = c.ppo_epochs if passes is None else passes
@@ -252,7 +391,7 @@ class PPO(Learner):
         masks = run.sampling_masks()
         done: list[list[dict[str, float]]] = []
         with actor_precision(self.policy, c.actor_precision):
-            for _ in run._iter(passes, "policy passes"):
+            for _ in run.iterate(passes, "policy passes"):
                 done.append([])
                 for pick in np.array_split(self.rng.permutation(len(rows)),
                                            max(1, -(-len(rows) // c.ppo_minibatch))):
@@ -294,7 +433,7 @@ class PPO(Learner):
             return {}
         held = self.rng.permutation(len(rows))[:256]  # the loss before and after, on these
         before = self.value_loss(rows, held)
-        for _ in run._iter(c.critic_warmup_updates, "critic warm-up"):
+        for _ in run.iterate(c.critic_warmup_updates, "critic warm-up"):
             pick = self.rng.integers(0, len(rows), min(c.ppo_minibatch, len(rows)))
             ppo_update(self.policy, run.actor_opt, self.batch(rows, pick),
                        value_coef=1.0, grad_clip=c.actor_grad_clip, update_policy=False)
@@ -303,6 +442,10 @@ class PPO(Learner):
 
     def value_loss(self, rows, pick) -> float:
         """The value head's token-mean MSE to the rows' returns (no gradient)."""
+        import torch
+
+        from digirl_lite.policy.updates import pad_rows
+
         b = self.batch(rows, pick)
         with torch.no_grad():
             _, v, m = self.policy.token_ids_log_probs_and_values(list(b.prompts), b.feats,

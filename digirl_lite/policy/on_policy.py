@@ -1,8 +1,9 @@
 """The rows Darwin's learner trains on (PPO and GRPO), as functions of a policy: each step's
 token ids, the value head's per-token values, and token-level advantages and returns.
 
-:meth:`digirl_lite.learners.ppo.PPO.rows` calls :func:`on_policy_rows` with its own policy
-and screens; the viewer (:class:`digirl_lite.viz.OnPolicyGrader`) calls it with a run's
+PPO's rows are :func:`gae_rows`, GRPO's :func:`group_rows`: each learner
+(:meth:`digirl_lite.learners.ppo.PPO.token_rows`) calls its own with its policy and screens,
+and the viewer (:class:`digirl_lite.viz.OnPolicyGrader`) calls the learner's with a run's
 checkpoint, so what the report shows is what the learner computes. The math is
 :mod:`digirl_lite.ppo`'s.
 """
@@ -18,7 +19,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from digirl_lite.data.records import ScreenTable, Step, Trajectory
 
 __all__ = ["PPORow", "typed_before", "text_token_ids", "token_ids", "token_values",
-           "on_policy_rows", "draw_groups"]
+           "gae_rows", "group_rows", "draw_groups"]
 
 
 class PPORow(NamedTuple):
@@ -111,60 +112,30 @@ def draw_groups(trajs: Sequence[Trajectory], group_size: int) -> dict[str, tuple
     return out
 
 
-def on_policy_rows(trajs: Sequence[Trajectory], policy, screens: ScreenTable, *,
-                   algorithm: str = "ppo", gamma: float = 0.99, lam: float = 0.95,
-                   monte_carlo: bool = False, groups: dict[str, Any] | None = None
-                   ) -> list[PPORow]:
-    """A :class:`PPORow` per step of ``trajs``.
-
-    PPO: token-level GAE (:func:`digirl_lite.ppo.token_gae`) on the value head's values;
-    every trajectory is terminal (value 0 after its last step), an infrastructure
-    truncation included (Darwin A.6). ``monte_carlo``: lambda 1 (the returns no longer
-    depend on the values: the warm-up's targets). GRPO: the trajectories of one group
-    (``groups``: a key per trajectory id, e.g. :func:`draw_groups`; None: by task) share
-    their standardised rewards, on every token (no returns, no values), and an
-    infrastructure truncation is left out of its group. A trajectory with an unjudged step is left
-    out (its reward is unknown).
+def gae_rows(trajs: Sequence[Trajectory], policy, screens: ScreenTable, *,
+             gamma: float = 0.99, lam: float = 0.95, monte_carlo: bool = False
+             ) -> list[PPORow]:
+    """PPO's :class:`PPORow` per step of ``trajs``: token-level GAE
+    (:func:`digirl_lite.ppo.token_gae`) on the value head's values; every trajectory is
+    terminal (value 0 after its last step), an infrastructure truncation included (Darwin
+    A.6). A trajectory with an unjudged step is left out (its reward is unknown).
 
     Args:
         trajs: the trajectories.
         policy: an :class:`~digirl_lite.policy.AutoUIPolicy` (its tokenizer and value head).
         screens: the trajectories' screens, with features.
-        algorithm: ``"ppo"`` or ``"grpo"``.
         gamma: PPO's discount across steps (the run's ``ppo_gamma``).
         lam: GAE's lambda (the run's ``ppo_lam``).
-        monte_carlo: lambda 1 instead of ``lam``.
-        groups: GRPO's group of each trajectory id (None: its task).
+        monte_carlo: lambda 1 instead of ``lam`` (the returns no longer depend on the
+            values: the warm-up's targets).
     """
     from digirl_lite import ppo
 
-    if algorithm not in ("ppo", "grpo"):
-        raise ValueError(f"algorithm must be 'ppo' or 'grpo', got {algorithm!r}")
-    # GRPO: a device's fault is not the agent's failure (Darwin A.3); a truncated
-    # attempt would enter its group at reward 0 and be pushed down, so it is left out
-    trajs = [t for t in trajs if t.steps and t.num_unjudged == 0
-             and not (algorithm == "grpo" and t.is_infra_truncated)]
+    trajs = [t for t in trajs if t.steps and t.num_unjudged == 0]
     steps = [s for t in trajs for s in t.steps]
     ids = token_ids(policy, steps)
-    rows = []
-    if algorithm == "grpo":
-        members: dict[Any, list[Trajectory]] = {}
-        for t in trajs:
-            members.setdefault(t.task if groups is None else groups[t.traj_id], []).append(t)
-        adv_of = {}
-        for group in members.values():
-            a = ppo.grpo_advantages([t.final_reward for t in group])
-            adv_of.update({t.traj_id: float(x) for t, x in zip(group, a)})
-        k = 0
-        for t in trajs:
-            for s, typed in zip(t.steps, typed_before(t)):
-                n = len(ids[k])
-                rows.append(PPORow(s, ids[k], list(s.action_log_probs) or [0.0] * n,
-                                   [adv_of[t.traj_id]] * n, [], [], t.traj_id, typed))
-                k += 1
-        return rows
     values = token_values(policy, steps, ids, screens)
-    k = 0
+    rows, k = [], 0
     for t in trajs:
         n_steps = len(t.steps)
         v = np.concatenate(values[k:k + n_steps])
@@ -177,4 +148,40 @@ def on_policy_rows(trajs: Sequence[Trajectory], policy, screens: ScreenTable, *,
                                adv[a:b].tolist(), ret[a:b].tolist(), v[a:b].tolist(),
                                t.traj_id, typed))
         k += n_steps
+    return rows
+
+
+def group_rows(trajs: Sequence[Trajectory], policy, groups: dict[str, Any] | None = None
+               ) -> list[PPORow]:
+    """GRPO's :class:`PPORow` per step of ``trajs``: the trajectories of one group
+    (``groups``: a key per trajectory id, e.g. :func:`draw_groups`; None: by task) share
+    their standardised rewards, on every token (no returns, no values). A device's fault is
+    not the agent's failure (Darwin A.3): an infrastructure truncation would enter its
+    group at reward 0 and be pushed down, so it is left out; so is a trajectory with an
+    unjudged step (its reward is unknown).
+
+    Args:
+        trajs: the trajectories.
+        policy: the policy (its tokenizer).
+        groups: GRPO's group of each trajectory id (None: its task).
+    """
+    from digirl_lite import ppo
+
+    trajs = [t for t in trajs if t.steps and t.num_unjudged == 0
+             and not t.is_infra_truncated]
+    ids = token_ids(policy, [s for t in trajs for s in t.steps])
+    members: dict[Any, list[Trajectory]] = {}
+    for t in trajs:
+        members.setdefault(t.task if groups is None else groups[t.traj_id], []).append(t)
+    adv_of = {}
+    for group in members.values():
+        a = ppo.grpo_advantages([t.final_reward for t in group])
+        adv_of.update({t.traj_id: float(x) for t, x in zip(group, a)})
+    rows, k = [], 0
+    for t in trajs:
+        for s, typed in zip(t.steps, typed_before(t)):
+            n = len(ids[k])
+            rows.append(PPORow(s, ids[k], list(s.action_log_probs) or [0.0] * n,
+                               [adv_of[t.traj_id]] * n, [], [], t.traj_id, typed))
+            k += 1
     return rows

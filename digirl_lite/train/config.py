@@ -13,39 +13,34 @@ from pathlib import Path
 from typing import Any
 
 from digirl_lite.errors import ConfigError
+from digirl_lite.learners import learner_class, learner_names
 
 __all__ = ["ConfigError", "DigiRLConfig", "load_config", "sim_webshop", "sim_quick",
-           "with_algorithm", "effective_fields", "EVAL_ONLY"]
+           "with_algorithm", "effective_fields", "unread", "EVAL_ONLY"]
 
-ALGORITHMS = ("digirl", "filtered_bc", "awr", "ppo", "grpo")
 WORLDS = ("general", "webshop")
 """The simulated worlds (AitW's General and Web Shopping subsets): ``DigiRLConfig.world``."""
-STEP_FILTERS = ("paper", "released", "none")  # digirl_lite.filters.STEP_FILTERS
-LEARNERS = ("sync", "async")
-ACTOR_LR = {"digirl": 1e-4, "filtered_bc": 1e-4, "awr": 1e-4, "ppo": 1e-5, "grpo": 1e-5}
-"""Each algorithm's actor learning rate where ``actor_lr`` is None: the paper's 1e-4 for the
-imitation learners, 10x lower for the on-policy ones (issue 28; see ``actor_lr``)."""
-POLICY_LOSS_NORM = {"ppo": "token", "grpo": "trajectory"}
-"""PPO's and GRPO's ``policy_loss_norm`` where it is None (issue 28; see the field)."""
-OFFLINE_IMITATION = {"ppo": True, "grpo": True}
-"""PPO's and GRPO's ``offline_imitation`` where it is None (issue 28; see the field)."""
+LEARNER_MODES = ("sync", "async")
+"""``DigiRLConfig.learner``: how collection and updates take turns (the algorithms, the
+``algorithm`` field, are :mod:`digirl_lite.learners`' registry)."""
 SFT_PHONES = ("older", "live")
 """The phones the simulator's demonstrations may be recorded on (``sft_phone``)."""
 ASYNC_FLEETS = ("async", "ray")  # the fleets with start / take (rollout.async_fleet)
-_PPO = ("ppo_clip_eps", "ppo_epochs", "ppo_minibatch", "kl_coef", "kl_reference",
-        "offline_policy_passes", "offline_imitation",
-        "policy_loss_norm", "negative_advantage_scale")  # PPO and GRPO
-_PPO_ONLY = ("ppo_gamma", "ppo_lam", "value_coef", "value_lr", "value_bias",
-             "critic_warmup_updates", "value_grad_clip", "advantage_norm")
-_GRPO = ("grpo_group", "grpo_groups")
-_DIGIRL = ("instruction_filter", "step_filter", "critic_loss", "awr_beta", "awr_max_weight")
-#: fields an algorithm does not read; set away from their defaults, they are an error
-#: (an ablation that would silently change nothing). :func:`with_algorithm` resets them.
-UNREAD = {"digirl": ("awr_beta", "awr_max_weight", *_PPO, *_PPO_ONLY, *_GRPO),
-          "filtered_bc": (*_DIGIRL, *_PPO, *_PPO_ONLY, *_GRPO),
-          "awr": (*_PPO, *_PPO_ONLY, *_GRPO),
-          "ppo": (*_DIGIRL, *_GRPO),
-          "grpo": (*_DIGIRL, *_PPO_ONLY)}
+OWN_DEFAULT = ("actor_lr", "policy_loss_norm", "offline_imitation")
+"""Fields whose None means the algorithm's own value (its learner's ``defaults``):
+:meth:`DigiRLConfig.resolved`."""
+
+
+def unread(algorithm: str) -> tuple[str, ...]:
+    """The algorithm-specific fields ``algorithm``'s learner does not read (those another
+    registered learner reads: :attr:`~digirl_lite.learners.base.Learner.reads`); set away
+    from their defaults they are an error (an ablation that would silently change nothing).
+    :func:`with_algorithm` resets them."""
+    names = {f.name for f in fields(DigiRLConfig)}
+    own = set(learner_class(algorithm).reads)
+    return tuple(dict.fromkeys(
+        name for a in learner_names() for name in learner_class(a).reads
+        if name in names and name not in own))
 
 
 EVAL_ONLY = ("eval_splits", "eval_split_tasks")
@@ -57,17 +52,19 @@ them."""
 
 def effective_fields(d: dict[str, Any]) -> dict[str, Any]:
     """A config's fields (``DigiRLConfig.as_dict()``, as saved with a run) as the run uses
-    them: the fields its algorithm does not read (:data:`UNREAD`) and the evaluation-only
+    them: the fields its algorithm does not read (:func:`unread`) and the evaluation-only
     ones (:data:`EVAL_ONLY`) left out, and those whose None means the algorithm's own value
-    (``actor_lr``, ``policy_loss_norm``) given that value. Two runs whose effective fields
-    agree are the same run, whatever their defaults were when each was written
-    (checkpoints on resume, grid results)."""
-    alg = d.get("algorithm", "digirl")
-    out = {k: v for k, v in d.items() if k not in (*UNREAD.get(alg, ()), *EVAL_ONLY)}
-    for name, own in (("actor_lr", ACTOR_LR), ("policy_loss_norm", POLICY_LOSS_NORM),
-                      ("offline_imitation", OFFLINE_IMITATION)):
+    (:data:`OWN_DEFAULT`) given that value. Two runs whose effective fields agree are the
+    same run, whatever their defaults were when each was written (checkpoints on resume,
+    grid results). An algorithm no learner is registered for keeps every field."""
+    try:
+        learner = learner_class(d.get("algorithm", "digirl"))
+    except ConfigError:
+        return {k: v for k, v in d.items() if k not in EVAL_ONLY}
+    out = {k: v for k, v in d.items() if k not in (*unread(learner.name), *EVAL_ONLY)}
+    for name in OWN_DEFAULT:
         if name in out and out[name] is None:
-            out[name] = own.get(alg)
+            out[name] = learner.defaults.get(name)
     return out
 
 
@@ -509,8 +506,8 @@ class DigiRLConfig:
     iteration's tokens: mean 0, std 1, as most PPO implementations do per batch)."""
     policy_loss_norm: str | None = None
     """How PPO's and GRPO's policy loss (and KL) averages over tokens: None, the algorithm's
-    own (:data:`POLICY_LOSS_NORM`: "token" for PPO, "trajectory" for GRPO, issue 28;
-    :attr:`policy_loss_normalisation`), "token" (every action
+    own (its learner's ``defaults``: "token" for PPO, "trajectory" for GRPO, issue 28;
+    :meth:`resolved`), "token" (every action
     token alike, a token mean over the minibatch, as DAPO; PPO's default) or "trajectory" (each
     trajectory's tokens together weigh as much as any other trajectory's: a token's weight is
     1 / the action tokens of its trajectory in the iteration, as the original GRPO's
@@ -534,12 +531,13 @@ class DigiRLConfig:
     DigiRL's offline phase trains the actor on the same pile. Measured (issue 28's screen,
     PPO at lr 1e-5): 2 passes left held-out where it was (60.4% after them, from 58.3%)."""
     offline_imitation: bool | None = None
-    """PPO / GRPO (None: True for both, :data:`OFFLINE_IMITATION`; read it as
-    :attr:`imitates_offline`): the offline phase first runs Filtered BC's (``offline_actor_updates``
-    maximum-likelihood updates, minibatches of ``actor_batch``, on every valid step of the
-    pile's successes, at the imitation learners' rate ``ACTOR_LR["filtered_bc"]`` with an
-    AdamW of its own), then PPO's value warm-up: the on-policy learner starts from the
-    policy an offline-to-online imitation learner starts its online phase from, as DigiRL's
+    """PPO / GRPO (None: True for both, their learners' ``defaults``; read it as
+    ``resolved("offline_imitation")``): the offline phase first runs Filtered BC's
+    (``offline_actor_updates`` maximum-likelihood updates, minibatches of ``actor_batch``,
+    on every valid step of the pile's successes, at the imitation learners' rate (Filtered
+    BC's ``actor_lr``) with an AdamW of its own), then PPO's value warm-up: the on-policy
+    learner starts from the policy an offline-to-online imitation learner starts its
+    online phase from, as DigiRL's
     own offline phase does. False: Darwin A.6's offline phase (the value warm-up only), the
     actor as it was shipped. Issue 28: DigiRL's offline phase alone takes the shipped
     policy from 59-64% to 78-80% held-out on this pile (``learners_final_webshop``); PPO and
@@ -564,8 +562,8 @@ class DigiRLConfig:
     actor_batch: int = 128
     """Paper: 128."""
     actor_lr: float | None = None
-    """The actor's learning rate; None: the algorithm's own (:data:`ACTOR_LR`,
-    :attr:`actor_learning_rate`). DigiRL, Filtered BC and AWR: the paper's 1e-4 (the
+    """The actor's learning rate; None: the algorithm's own (its learner's ``defaults``,
+    :meth:`resolved`). DigiRL, Filtered BC and AWR: the paper's 1e-4 (the
     reference's 3e-3 collapsed the policy in practice). PPO and GRPO: 1e-5 (issue 28): at
     1e-4, AdamW's per-coordinate steps move the policy about as far per update as an
     imitation update does, but in the direction of a noisy advantage, and the policy drifts
@@ -645,32 +643,12 @@ class DigiRLConfig:
     ``{"crash": 0.01}``: devices that stop answering (infrastructure truncations).
     Simulator only."""
 
-    @property
-    def actor_learning_rate(self) -> float:
-        """``actor_lr``, or the algorithm's own where it is None (:data:`ACTOR_LR`)."""
-        return ACTOR_LR[self.algorithm] if self.actor_lr is None else self.actor_lr
-
-    @property
-    def imitation_learning_rate(self) -> float:
-        """The imitation learners' rate (:data:`ACTOR_LR` of Filtered BC), which PPO's and
-        GRPO's ``offline_imitation`` trains at."""
-        return ACTOR_LR["filtered_bc"]
-
-    @property
-    def imitates_offline(self) -> bool:
-        """``offline_imitation``, or the algorithm's own where it is None
-        (:data:`OFFLINE_IMITATION`; False for the algorithms it does not apply to)."""
-        if self.offline_imitation is not None:
-            return self.offline_imitation
-        return OFFLINE_IMITATION.get(self.algorithm, False)
-
-    @property
-    def policy_loss_normalisation(self) -> str | None:
-        """``policy_loss_norm``, or the algorithm's own where it is None
-        (:data:`POLICY_LOSS_NORM`; None for the algorithms that have no policy loss)."""
-        if self.policy_loss_norm is not None:
-            return self.policy_loss_norm
-        return POLICY_LOSS_NORM.get(self.algorithm)
+    def resolved(self, name: str) -> Any:
+        """Field ``name``, or, where it is None, the algorithm's own value (its learner's
+        ``defaults``: :data:`OWN_DEFAULT`'s fields); e.g. ``resolved("actor_lr")`` is 1e-4
+        for DigiRL and 1e-5 for PPO. None where the learner has no value of its own."""
+        value = getattr(self, name)
+        return learner_class(self.algorithm).defaults.get(name) if value is None else value
 
     def __post_init__(self) -> None:
         if isinstance(self.eval_splits, list):  # from JSON
@@ -678,67 +656,16 @@ class DigiRLConfig:
         _check_types(self)
         if self.world not in WORLDS:
             raise ValueError(f"world must be 'webshop' or 'general', got {self.world!r}")
-        if self.algorithm not in ALGORITHMS:
-            raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {self.algorithm!r}")
-        if self.step_filter not in STEP_FILTERS:
-            raise ValueError(f"step_filter must be one of {STEP_FILTERS}, "
-                             f"got {self.step_filter!r}")
-        if not 0 < self.ppo_clip_eps < 1:
-            raise ValueError(f"ppo_clip_eps must be in (0, 1), got {self.ppo_clip_eps}")
-        if not (0 <= self.ppo_gamma <= 1 and 0 <= self.ppo_lam <= 1):
-            raise ValueError(f"ppo_gamma and ppo_lam must be in [0, 1], got {self.ppo_gamma}, "
-                             f"{self.ppo_lam}")
-        if self.offline_policy_passes < 0:
-            raise ValueError(f"offline_policy_passes must be >= 0, "
-                             f"got {self.offline_policy_passes}")
-        for name in ("ppo_epochs", "ppo_minibatch", "grpo_group"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.value_coef < 0 or self.kl_coef < 0 or self.critic_warmup_updates < 0:
-            raise ValueError("value_coef, kl_coef and critic_warmup_updates must be >= 0")
+        learner = learner_class(self.algorithm)  # ConfigError: the known algorithms
         if self.actor_lr is not None and not self.actor_lr > 0:
             raise ValueError(f"actor_lr must be positive or None, got {self.actor_lr}")
-        if not self.value_lr > 0:
-            raise ValueError(f"value_lr must be positive, got {self.value_lr}")
-        if self.algorithm == "grpo" and self.rollouts_per_iteration % self.grpo_group:
-            raise ValueError(f"rollouts_per_iteration ({self.rollouts_per_iteration}) must be "
-                             f"a multiple of grpo_group ({self.grpo_group}): GRPO draws each "
-                             "task grpo_group times")
-        if self.kl_reference not in ("start", "sampling"):
-            raise ValueError(f"kl_reference must be 'start' or 'sampling', "
-                             f"got {self.kl_reference!r}")
-        if not 0.0 <= self.negative_advantage_scale <= 1.0:
-            raise ValueError(f"negative_advantage_scale must be in [0, 1], "
-                             f"got {self.negative_advantage_scale}")
-        if self.value_grad_clip is not None and not self.value_grad_clip > 0:
-            raise ValueError(f"value_grad_clip must be positive or None, "
-                             f"got {self.value_grad_clip}")
-        if self.advantage_norm not in ("none", "batch"):
-            raise ValueError(f"advantage_norm must be 'none' or 'batch', "
-                             f"got {self.advantage_norm!r}")
-        if self.grpo_groups not in ("draw", "task"):
-            raise ValueError(f"grpo_groups must be 'draw' or 'task', got {self.grpo_groups!r}")
-        if self.policy_loss_norm not in (None, "token", "trajectory"):
-            raise ValueError(f"policy_loss_norm must be 'token' or 'trajectory', "
-                             f"got {self.policy_loss_norm!r}")
         if self.actor_precision not in ("bf16", "fp32"):
             raise ValueError(f"actor_precision must be 'bf16' or 'fp32', "
                              f"got {self.actor_precision!r}")
-        if self.algorithm in ("ppo", "grpo"):
-            self._check_on_policy()
+        learner.check_config(self)  # its own fields (digirl_lite.learners)
         self._check_policy()
-        if self.critic_loss not in ("ce", "mse"):
-            raise ValueError(f"critic_loss must be 'ce' or 'mse', got {self.critic_loss!r}")
-        if not 0 < self.awr_beta < float("inf"):
-            raise ValueError(f"awr_beta must be positive, got {self.awr_beta}")
-        if self.awr_max_weight is not None and not 0 < self.awr_max_weight < float("inf"):
-            raise ValueError(f"awr_max_weight must be positive or None, got "
-                             f"{self.awr_max_weight}")
-        if self.algorithm == "awr" and self.step_filter == "none":
-            raise ValueError("step_filter='none' with algorithm='awr': AWR weights steps by "
-                             "their advantage; use step_filter 'paper' or 'released'")
         defaults = {f.name: f.default for f in fields(self)}
-        for name in UNREAD[self.algorithm]:
+        for name in unread(self.algorithm):
             if getattr(self, name) != defaults[name]:
                 raise ValueError(
                     f"{name}={getattr(self, name)!r} has no effect with algorithm="
@@ -966,52 +893,9 @@ class DigiRLConfig:
             raise ConfigError(f"lora must hold r (an int >= 0; 0: full fine-tuning), alpha, "
                               f"dropout and target_modules, got {self.lora}")
 
-    def _check_on_policy(self) -> None:
-        """PPO's and GRPO's ratio divides the model's own probability of each recorded token
-        (temperature 1, the actor's precision, the sampling's masks: the Auto-UI policy puts
-        the grammar and the copy mask again when it scores, issue 47) by the one recorded at
-        sampling: the two must be the same distribution before any update, or the ratio is
-        off from the first step (measured on an untrained policy: up to 2.4 nats per token
-        apart at temperature 0.7, 10.6 under the grammar mask scored without it, whose
-        recorded probabilities are always the larger, so every negative advantage is clipped
-        away; bf16 scoring put 2.5% of the shipped policy's tokens outside [0.8, 1.2] before
-        any update)."""
-        a = self.algorithm
-        if self.temperature != 1.0:
-            raise ConfigError(f"temperature={self.temperature}: algorithm={a!r} scores the "
-                              "recorded tokens at temperature 1 (greedy decoding records no "
-                              "log-probabilities at all); sample at temperature 1")
-        for name in ("constrained_decoding", "copy_typed_text"):
-            if getattr(self, name) and self.policy != "autoui":
-                raise ConfigError(f"{name}: algorithm={a!r} scores the recorded tokens under "
-                                  "the sampling's masks, which the Auto-UI policy puts again "
-                                  f"(policy='autoui'), not policy={self.policy!r}; run it "
-                                  f"with {name} false")
-        if self.goal_token_dropout:
-            raise ConfigError(f"goal_token_dropout={self.goal_token_dropout}: algorithm={a!r} "
-                              "scores the sampled tokens in training mode, where the dropped "
-                              "goal embeddings change their probabilities; set it to 0")
-        if self.policy == "vlm" and self.vlm_dtype != "fp32":
-            raise ConfigError(f"vlm_dtype={self.vlm_dtype!r}: algorithm={a!r} needs the "
-                              "recorded log-probabilities to be the scored ones, and a bf16 "
-                              "model samples (with a key-value cache) and scores (one "
-                              "forward) with different roundings; use vlm_dtype 'fp32'")
-        if self.policy == "vlm" and self.lora.get("dropout", 0.0):
-            raise ConfigError(f"lora.dropout={self.lora['dropout']}: algorithm={a!r} scores "
-                              "the sampled tokens in training mode, where dropout changes "
-                              "them; use lora dropout 0")
-        if self.actor_precision != "fp32":
-            raise ConfigError(f"actor_precision={self.actor_precision!r}: algorithm={a!r} "
-                              "compares probabilities across a bf16 forward and the "
-                              "sampler's fp32 one (ratios 0.71-1.27 before any update); "
-                              "use 'fp32'")
-        if self.actor_updates == 0:
-            raise ConfigError(f"actor_updates=0 does not freeze algorithm={a!r}: its updates "
-                              "per iteration are ppo_epochs over the iteration's data")
-
     def _check_learner(self) -> None:
-        if self.learner not in LEARNERS:
-            raise ConfigError(f"learner must be one of {LEARNERS}, got {self.learner!r}")
+        if self.learner not in LEARNER_MODES:
+            raise ConfigError(f"learner must be one of {LEARNER_MODES}, got {self.learner!r}")
         if self.max_staleness < 0:
             raise ConfigError(f"max_staleness must be >= 0, got {self.max_staleness}")
         from digirl_lite.rollout.async_fleet import TAKE_ORDERS
@@ -1029,10 +913,6 @@ class DigiRLConfig:
         if self.fleet not in ASYNC_FLEETS:
             raise ConfigError(f"learner='async' needs a fleet that collects in the background "
                               f"(fleet one of {ASYNC_FLEETS}), got fleet={self.fleet!r}")
-        if self.algorithm == "grpo":
-            raise ConfigError("learner='async' with algorithm='grpo': the learner takes "
-                              "trajectories as they complete, which splits a task's group "
-                              "of grpo_group attempts; use algorithm 'ppo' (or learner 'sync')")
         if self.days_per_iteration:
             raise ConfigError("learner='async' with days_per_iteration: the drift day is "
                               "set per iteration, and the asynchronous stream has no "
@@ -1164,14 +1044,12 @@ def _check_types(cfg: DigiRLConfig) -> None:
 
 def with_algorithm(cfg: DigiRLConfig, algorithm: str) -> DigiRLConfig:
     """``cfg`` with another ``algorithm`` (e.g. the Filtered BC arm beside a DigiRL run),
-    the fields it does not read (:data:`UNREAD`) back at their defaults."""
-    if algorithm not in ALGORITHMS:
-        raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
+    the fields it does not read (:func:`unread`) back at their defaults, and those its
+    learner cannot take made fit (:meth:`~digirl_lite.learners.base.Learner.carry_over`)."""
+    learner = learner_class(algorithm)
     defaults = {f.name: f.default for f in fields(DigiRLConfig)}
-    d = {**cfg.as_dict(), "algorithm": algorithm}
-    if algorithm == "awr" and d["step_filter"] == "none":
-        d["step_filter"] = defaults["step_filter"]
-    return DigiRLConfig.from_dict({**d, **{k: defaults[k] for k in UNREAD[algorithm]}})
+    d = learner.carry_over({**cfg.as_dict(), "algorithm": algorithm}, defaults)
+    return DigiRLConfig.from_dict({**d, **{k: defaults[k] for k in unread(algorithm)}})
 
 
 SHIPPED_SPLITS = {"webshop": ("unseen_products", "unseen_phrasings"),
@@ -1253,8 +1131,8 @@ def _config_fields(p: Path, _seen: tuple[Path, ...] = ()) -> dict[str, Any]:
         raise ConfigError(f"{p}: per_world must map a world name to a dict of fields, got "
                           f"{mine!r}")
     worlds = {**under.get("per_world", {})}
-    for w, fields in mine.items():
-        worlds[w] = {**worlds.get(w, {}), **fields} if isinstance(fields, dict) else fields
+    for w, section in mine.items():
+        worlds[w] = {**worlds.get(w, {}), **section} if isinstance(section, dict) else section
     out = {**under, **d}
     if worlds:
         out["per_world"] = worlds

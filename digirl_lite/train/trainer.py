@@ -42,7 +42,7 @@ from digirl_lite.data.replay import ReplayBuffer
 from digirl_lite.data.store import TrajectoryStore
 from digirl_lite.envs.base import Observation
 from digirl_lite.errors import ConfigError, FolderBusyError
-from digirl_lite.learners import make_learner
+from digirl_lite.learners import learner_class, learner_names
 from digirl_lite.paths import (
     FileLock,
     atomic_write_text,
@@ -194,7 +194,12 @@ class _StageFleet:
 
 
 class Trainer:
-    """One run: owns the policy, the critics, their optimisers, the buffer, the store.
+    """One run: owns the policy, the critics its learner asks for, their optimisers, the
+    buffer, the store. Its learner (:mod:`digirl_lite.learners`, by ``algorithm``) reads it
+    through :class:`digirl_lite.learners.base.Run`: ``cfg``, ``policy``, ``actor_opt``,
+    ``screens``, ``buffer``, ``rng``, ``text``, the critics, ``accelerator``, :meth:`timed`,
+    :meth:`iterate` and :meth:`sampling_masks`. ``world_size`` is the number of processes
+    (``cfg.world`` is the task set).
 
     Args:
         cfg: the run's configuration.
@@ -208,7 +213,7 @@ class Trainer:
     Under ``accelerate launch`` with N processes (gloo on CPUs, NCCL on GPUs) the run is data
     parallel: every process collects its share of each phase's tasks with its own seeds
     (online: ``rollouts_per_iteration`` trajectories each, so N times as many in all), the
-    trajectories are exchanged so every process holds the same buffer, the actor and both
+    trajectories are exchanged so every process holds the same buffer, the actor and the
     critics average their gradients across processes (one set of weights everywhere, checked
     at each checkpoint), and process 0 alone writes the store, metrics and checkpoints.
     """
@@ -237,17 +242,17 @@ class Trainer:
         self._span_extractor = None  # built on first use (copy_text)
         self.accelerator = Accelerator(cpu=cfg.device == "cpu")
         self.is_main = self.accelerator.is_main_process
-        self.rank, self.world = self.accelerator.process_index, self.accelerator.num_processes
-        if self.world > 1 and cfg.algorithm in ("ppo", "grpo"):
-            # each process would take its own number of minibatches: the collectives would
-            # hang, so this is refused until the on-policy updates are made data parallel
+        self.rank, self.world_size = self.accelerator.process_index, self.accelerator.num_processes
+        learner = learner_class(cfg.algorithm)
+        if self.world_size > 1 and not learner.data_parallel:
+            parallel = [n for n in learner_names() if learner_class(n).data_parallel]
             raise ConfigError(f"algorithm: {cfg.algorithm!r} runs in one process for now "
-                              f"(this launch has {self.world}); use accelerate launch with "
-                              "DigiRL, Filtered BC or AWR")
-        if self.world > 1 and cfg.learner == "async":
+                              f"(this launch has {self.world_size}); use accelerate launch "
+                              f"with one of {parallel}")
+        if self.world_size > 1 and cfg.learner == "async":
             # one background collection per process would need its takes exchanged in step
             raise ConfigError(f"learner: 'async' runs in one process for now (this launch "
-                              f"has {self.world}); use learner 'sync' under accelerate launch")
+                              f"has {self.world_size}); use learner 'sync' under accelerate launch")
         # under `accelerate launch` every process collects its own trajectories
         self._seed_everything(cfg.seed + 7919 * self.rank)
         # every size follows the policy: image features, screen tables, the step critic
@@ -266,18 +271,23 @@ class Trainer:
         self.features = FeatureCache(encoder)
         self.text = EmbeddingCache(self._text_encoder())
         d_t, d_i = self.text.encoder.dim, self.img_dim
-        # the critics learn where the policy does (``device``); their batches follow them
+        # the critics the learner asks for (none but DigiRL's and AWR's), where the policy
+        # learns (``device``); their batches follow them
         dev = self.accelerator.device
-        self.step_critic = StepCritic(d_t, d_i, hidden=cfg.critic_hidden,
-                                      init_value=cfg.critic_init_value).to(dev)
-        self.instr_critic = InstructionCritic(d_t, init_value=cfg.critic_init_value).to(dev)
-        self.critic_opt = torch.optim.Adam(
-            list(self.step_critic.parameters()) + list(self.instr_critic.parameters()),
-            lr=cfg.critic_lr)
-        self.learner = make_learner(self)  # the update rule (digirl_lite.learners)
+        self.step_critic = self.instr_critic = self.critic_opt = None
+        if "step" in learner.critics:
+            self.step_critic = StepCritic(d_t, d_i, hidden=cfg.critic_hidden,
+                                          init_value=cfg.critic_init_value).to(dev)
+        if "instruction" in learner.critics:
+            self.instr_critic = InstructionCritic(d_t, init_value=cfg.critic_init_value
+                                                  ).to(dev)
+        if self._critics():
+            self.critic_opt = torch.optim.Adam(
+                [p for m in self._critics() for p in m.parameters()], lr=cfg.critic_lr)
+        self.learner = learner(self)  # the update rule (digirl_lite.learners)
         self.actor_opt = self._actor_optimizer()
         # one set of weights on every process (process 0's), as DDP does at wrap time
-        dist.broadcast_parameters(self.policy.model, self.step_critic, self.instr_critic)
+        dist.broadcast_parameters(self.policy.model, *self._critics())
         self.buffer = ReplayBuffer(cfg.capacity, seed=cfg.seed)  # the same on every process
         self.screens = ScreenTable(self.img_dim)
         # minibatches (and, on process 0, the online tasks): this process's own draws
@@ -329,6 +339,10 @@ class Trainer:
             self._release_folder()
             raise
 
+    def _critics(self) -> list[torch.nn.Module]:
+        """The critics this run's learner asked for (its ``critics``)."""
+        return [m for m in (self.step_critic, self.instr_critic) if m is not None]
+
     def _lock_folder(self) -> None:
         """Hold ``out/run.lock`` (process 0; every process of a group learns the answer and
         raises :class:`FolderBusyError` alike, so none goes on to wait for the others)."""
@@ -338,7 +352,7 @@ class Trainer:
                 self._folder_lock = lock_run_folder(self.out)
             except FolderBusyError as e:
                 busy = str(e)
-        if self.world > 1:
+        if self.world_size > 1:
             busy = dist.broadcast_object(busy)
         if busy is not None:
             raise FolderBusyError(busy)
@@ -380,8 +394,9 @@ class Trainer:
         except (OSError, ValueError) as e:
             raise ConfigError(f"text_encoder {self.cfg.text_encoder!r}: {e}") from None
 
-    def _iter(self, n: int, desc: str):
-        """``range(n)`` with a progress bar when the phase is long enough to watch."""
+    def iterate(self, n: int, desc: str):
+        """``range(n)`` with a progress bar when the phase is long enough to watch (part of
+        the learners' interface, :class:`digirl_lite.learners.base.Run`)."""
         if n < 20:
             yield from range(n)
             return
@@ -428,7 +443,9 @@ class Trainer:
             keys = [k for k in record if k not in ("time",)]
             print("  ".join(f"{k}={record[k]}" for k in keys), flush=True)
 
-    def _timed(self, name: str, fn: Callable[[], Any]) -> Any:
+    def timed(self, name: str, fn: Callable[[], Any]) -> Any:
+        """``fn()``, its seconds added to ``timings[name]`` (an iteration's ``time_split``;
+        part of the learners' interface, :class:`digirl_lite.learners.base.Run`)."""
         t0 = time.perf_counter()
         out = fn()
         self.timings[name] = self.timings.get(name, 0.0) + time.perf_counter() - t0
@@ -650,8 +667,8 @@ class Trainer:
         tasks = self._train_tasks()
         idx = np.random.default_rng(c.seed + 1).integers(0, len(tasks), c.pile_size)
         self.say(f"pile: {c.pile_size} attempts of the starting policy on "
-                 f"{self.phones.n * self.world} phones")
-        episodes = self._timed("pile", lambda: self._collect(
+                 f"{self.phones.n * self.world_size} phones")
+        episodes = self.timed("pile", lambda: self._collect(
             "pile", self.agent(), [tasks[i] for i in idx], self.screens,
             id_prefix=f"pile-s{c.seed}", source=Source.OFFLINE, iteration=-1,
             seed=c.seed * 1_000_003 + 7))
@@ -698,8 +715,8 @@ class Trainer:
         self._stop_collecting()
         if self.cfg.day != 1 or self.cfg.days_per_iteration:  # drift (env "sim" only)
             kw["reset_options"] = {"day": self.phone_day(kw.get("iteration"))}
-        a = self.rank * len(tasks) // self.world
-        b = (self.rank + 1) * len(tasks) // self.world
+        a = self.rank * len(tasks) // self.world_size
+        b = (self.rank + 1) * len(tasks) // self.world_size
         stopped: dict[str, Any] | None = None
         with self._bar(b - a, f"{stage}: episodes", unit="ep") as bar:
             def started(_slot: int, obs: Observation) -> None:
@@ -712,7 +729,7 @@ class Trainer:
                     on_step=started, **kw)
             except (JudgeUnavailable, NoDevicesLeft) as e:
                 episodes, stopped = e.episodes, self._why_stopped(e)
-        if self.world > 1:
+        if self.world_size > 1:
             episodes, stopped = self._exchange(episodes, stopped, screens, id_prefix, a)
         if stopped is not None:
             self._stop_run(stage, [ep.trajectory for ep in episodes], screens, stopped)
@@ -843,13 +860,12 @@ class Trainer:
         elif collected is None:
             tasks = self._train_tasks()
             # process 0 draws every process's tasks: rollouts_per_iteration each
-            group = c.grpo_group if c.algorithm == "grpo" else 1  # GRPO: each task G times
-            idx = dist.broadcast_object(np.repeat(self.rng.integers(
-                0, len(tasks), c.rollouts_per_iteration * self.world // group), group)
+            idx = dist.broadcast_object(self.learner.draw_tasks(
+                len(tasks), c.rollouts_per_iteration * self.world_size)
                 if self.is_main else None)
             self.fleet().policy_version = k - 1  # the weights after k - 1 iterations
             agent = self.agent()
-            episodes = self._timed("collect", lambda: self._collect(
+            episodes = self.timed("collect", lambda: self._collect(
                 f"online iteration {k}", agent, [tasks[i] for i in idx], self.screens,
                 id_prefix=f"online-s{c.seed}-it{k:04d}", source=Source.ONLINE, iteration=k,
                 seed=c.seed * 1_000_003 + 100_000 * k))
@@ -857,7 +873,7 @@ class Trainer:
             mechanism = recovery_stats(episodes)
             self.timings["inference"] = self.timings.get("inference", 0.0) + agent.seconds
             self.features.fill(self.screens)
-            self._timed("store", lambda: self._store_append(collected))
+            self.timed("store", lambda: self._store_append(collected))
         self.buffer.add(collected)
         self._bound_memory()
         self.online_trajectories += len(collected)
@@ -867,7 +883,7 @@ class Trainer:
             if not staleness:  # resumed with what was stored before a crash
                 staleness = {"async_dropped": 0, **self._staleness_counts(collected, k - 1)}
         self.iteration, self.phase = k, "online"
-        self._timed("checkpoint", self.save_checkpoint)
+        self.timed("checkpoint", self.save_checkpoint)
         wins = float(np.mean([t.is_success for t in collected])) if collected else 0.0
         split = {name: round(self.timings.get(name, 0.0) - before.get(name, 0.0), 3)
                  for name in ITERATION_PHASES}
@@ -918,7 +934,7 @@ class Trainer:
         self.timings["collect"] = self.timings.get("collect", 0.0) + time.perf_counter() - t0
         self._tally_unjudged("online", kept + dropped)
         kept = self._adopt(kept, k)
-        self._timed("store", lambda: self._store_append(kept))
+        self.timed("store", lambda: self._store_append(kept))
         summary = self.summary.setdefault("async", {"kept": 0, "dropped": 0})
         summary["kept"] += len(kept)
         summary["dropped"] += len(dropped)
@@ -1079,7 +1095,7 @@ class Trainer:
         with torch.random.fork_rng(devices=[dev] if dev.type == "cuda" else []):
             torch.manual_seed(self.cfg.seed + 7919 * self.rank
                               + zlib.crc32(f"eval:{name}".encode()))
-            report, episodes = self._timed("evaluate", lambda: evaluate(
+            report, episodes = self.timed("evaluate", lambda: evaluate(
                 _StageFleet(self, f"eval:{name}"), self.agent(screens), tasks,
                 n_tasks=n_tasks, seed=10_000 + self.cfg.seed,
                 id_prefix=f"eval-{name.replace(':', '-')}", screens=screens,
@@ -1148,9 +1164,8 @@ class Trainer:
         rngs = dist.all_gather(self._random_state())
         torch_rngs = dist.all_gather(torch.get_rng_state())
         digests = None
-        if self.world > 1:
-            digests = dist.all_gather(dist.weights_digest(
-                self.policy.model, self.step_critic, self.instr_critic))
+        if self.world_size > 1:
+            digests = dist.all_gather(dist.weights_digest(self.policy.model, *self._critics()))
             if len(set(digests)) > 1:
                 raise RuntimeError(f"the processes' weights differ ({digests}): the learner "
                                    "is no longer data parallel; not saving")
@@ -1164,14 +1179,12 @@ class Trainer:
             shutil.rmtree(stale, ignore_errors=True)
         tmp = Path(tempfile.mkdtemp(dir=root, prefix=f".tmp-{name}-"))
         self.policy.save(tmp / "policy")
-        torch.save({"step_critic": self.step_critic.state_dict(),
-                    "instr_critic": self.instr_critic.state_dict(),
-                    "critic_opt": self.critic_opt.state_dict(),
-                    "actor_opt": self.actor_opt.state_dict(),
-                    "torch_rng": torch_rngs}, tmp / "state.pt")
+        torch.save({**self._critic_state(), "actor_opt": self.actor_opt.state_dict(),
+                    "learner": self.learner.state_dict(), "torch_rng": torch_rngs},
+                   tmp / "state.pt")
         state = {"phase": self.phase, "iteration": self.iteration,
                  "online_trajectories": self.online_trajectories,
-                 "config": self._config_json(), "processes": self.world,
+                 "config": self._config_json(), "processes": self.world_size,
                  "weights_digests": digests,
                  "buffer": self.buffer.state_dict(), "rngs": rngs,
                  "curve": self.curve, "summary": redact(self.summary), "timings": self.timings}
@@ -1188,6 +1201,13 @@ class Trainer:
             if old.is_dir() and old.name not in (name, previous) and not old.name.startswith("."):
                 shutil.rmtree(old, ignore_errors=True)
         return final
+
+    def _critic_state(self) -> dict[str, Any]:
+        """The learner's critics and their optimiser, as the checkpoint's ``state.pt`` keys
+        (``step_critic``, ``instr_critic``, ``critic_opt``; none for a learner without)."""
+        return {key: module.state_dict() for key, module in
+                (("step_critic", self.step_critic), ("instr_critic", self.instr_critic),
+                 ("critic_opt", self.critic_opt)) if module is not None}
 
     def _config_json(self) -> dict[str, Any]:
         """The config as saved with a checkpoint: JSON values, credentials redacted
@@ -1228,8 +1248,8 @@ class Trainer:
             lines = "\n  ".join(f"{k}: {a!r} in the run, {b!r} now" for k, (a, b)
                                 in changed.items())
             ran_on = state.get("processes", state["summary"].get("processes", 1))
-            hint = (f" (it ran on {ran_on} processes, this is {self.world}: the recipes' "
-                    f"--processes {ran_on} gives each its share)" if ran_on != self.world
+            hint = (f" (it ran on {ran_on} processes, this is {self.world_size}: the recipes' "
+                    f"--processes {ran_on} gives each its share)" if ran_on != self.world_size
                     else "")
             raise ConfigError(
                 f"{self.out} was run with another configuration:\n  {lines}\nresume with "
@@ -1238,23 +1258,28 @@ class Trainer:
         self.policy = load_policy(d / "policy", **load_kwargs(self.cfg)
                                   ).to(self.accelerator.device)
         tensors = torch.load(d / "state.pt", map_location="cpu", weights_only=True)
-        self.step_critic.load_state_dict(tensors["step_critic"])
-        self.instr_critic.load_state_dict(tensors["instr_critic"])
-        self.critic_opt.load_state_dict(tensors["critic_opt"])
+        # a checkpoint saved before the learners owned their critics holds both for every
+        # algorithm: those the learner has none of are left
+        for key, module in (("step_critic", self.step_critic),
+                            ("instr_critic", self.instr_critic),
+                            ("critic_opt", self.critic_opt)):
+            if module is not None:
+                module.load_state_dict(tensors[key])
         self.actor_opt = self._actor_optimizer()
         self.actor_opt.load_state_dict(tensors["actor_opt"])
+        self.learner.load_state_dict(tensors.get("learner", {}))
         rngs, torch_rngs = state.get("rngs"), tensors["torch_rng"]
         if isinstance(torch_rngs, torch.Tensor):  # checkpoints of one process, before rngs
             torch_rngs = [torch_rngs]
-        if rngs is not None and len(rngs) == self.world:
+        if rngs is not None and len(rngs) == self.world_size:
             self._set_random_state(rngs[self.rank], torch_rngs[self.rank])
-        elif rngs is None and self.world == 1:
+        elif rngs is None and self.world_size == 1:
             self.rng.bit_generator.state = state["rng"]
             torch.set_rng_state(torch_rngs[0])
         else:  # another number of processes: fresh draws, reproducible from here
             self._seed_everything(self.cfg.seed + 7919 * self.rank + 104_729 * state["iteration"])
             self.say(f"checkpoint {d.name} was saved by {len(torch_rngs)} processes, this run "
-                     f"has {self.world}: random draws start afresh")
+                     f"has {self.world_size}: random draws start afresh")
         store = self.out / "store"
         trajs, screens = (load_trajectories(store) if (store / "digirl_store.json").is_file()
                           else ([], ScreenTable(self.img_dim)))
@@ -1353,7 +1378,7 @@ class Trainer:
                    and t.source is Source.ONLINE]
         if iterations:
             self.say(f"online phase: {iterations} iterations of "
-                     f"{c.rollouts_per_iteration * self.world} trajectories")
+                     f"{c.rollouts_per_iteration * self.world_size} trajectories")
         bar = self._bar(iterations, "online iterations")
         bar.update(min(self.iteration, iterations))
         while True:
@@ -1373,7 +1398,7 @@ class Trainer:
         self.summary.update({
             "wall_s": round(time.perf_counter() - t0, 1) + self.summary.get("wall_s", 0.0),
             "online_trajectories": self.online_trajectories,
-            "processes": self.world,
+            "processes": self.world_size,
             "buffer": self.buffer.counts(),
             "timings_s": {k: round(v, 2) for k, v in self.timings.items()},
             "feature_cache_hit_rate": round(self.features.hit_rate, 3),
@@ -1392,16 +1417,17 @@ class Trainer:
         return self.summary
 
     def plot(self) -> Path | None:
+        """The learning curve to ``out/learning_curve.png``: drawn on a figure of its own
+        (``matplotlib.figure.Figure``), so matplotlib's backend (a notebook's inline one)
+        is left as it was."""
         try:
-            import matplotlib
-
-            matplotlib.use("Agg")
-            import matplotlib.pyplot as plt
+            from matplotlib.figure import Figure
         except ImportError:  # pragma: no cover - a core dependency
             return None
         xs = [x for x, _ in self.curve]
         ys = [y for _, y in self.curve]
-        fig, ax = plt.subplots(figsize=(6, 4))
+        fig = Figure(figsize=(6, 4))
+        ax = fig.subplots()
         ax.plot(xs, ys, marker="o")
         ax.set_xlabel("online trajectories")
         ax.set_ylabel(f"held-out success ({self.cfg.eval_tasks} test tasks)")
@@ -1412,5 +1438,4 @@ class Trainer:
         ax.grid(alpha=0.3)
         path = self.out / "learning_curve.png"
         fig.savefig(path, dpi=100, bbox_inches="tight")
-        plt.close(fig)
         return path

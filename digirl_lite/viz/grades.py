@@ -11,13 +11,15 @@ filters imitate this?" for the set as if it were the buffer:
   (A > 1/H for the paper's form, grade > 0 for the released one) and its action is valid.
 - Filtered BC: the trajectory passes ``filtered_bc_keep`` and the action is valid.
 
-Unusable trajectories (infrastructure cut, unjudged step) are valued but never kept, as in
-the trainer. Critic values come from :mod:`digirl_lite.critics.data`, the math from
-:mod:`digirl_lite.filters`; nothing is re-derived here.
+The keep rules are the learners' own (``trajectory_keep`` and ``step_keep`` of the run's
+learner, :mod:`digirl_lite.learners`). Unusable trajectories (infrastructure cut, unjudged
+step) are valued but never kept, as in the trainer. Critic values come from
+:mod:`digirl_lite.critics.data`, the math from :mod:`digirl_lite.filters`; nothing is
+re-derived here.
 
 PPO and GRPO runs (issue 17) have no critics and no filters: :class:`OnPolicyGrader` gives
 what their learner computes from the checkpoint's policy, with the learner's own function
-(:func:`digirl_lite.policy.on_policy.on_policy_rows`): per step the value head's value, the
+(its ``token_rows``: :mod:`digirl_lite.policy.on_policy`): per step the value head's value, the
 token-level GAE advantage and return (PPO), the recorded log-probability of the action, and
 GRPO's group-standardised advantage per trajectory (no value head, no per-step values).
 :meth:`Grader.from_run` returns one for such runs.
@@ -33,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from digirl_lite import filters
+from digirl_lite.learners import learner_class, learner_names
 
 if TYPE_CHECKING:  # pragma: no cover
     from digirl_lite.critics import EmbeddingCache, InstructionCritic, StepCritic
@@ -41,9 +44,13 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = ["TrajectoryGrade", "Grader", "OnPolicyGrade", "OnPolicyGrader", "grade_rows"]
 
-ON_POLICY = ("ppo", "grpo")
-"""Algorithms graded by :class:`OnPolicyGrader` (a value head or group advantages, no
-critics)."""
+
+def _learners(on_policy: bool) -> tuple[str, ...]:
+    """The registered algorithms graded by :class:`OnPolicyGrader` (``on_policy``: a value
+    head or group advantages, no critics) or by :class:`Grader` (the others, whose learner
+    has keep rules)."""
+    return tuple(n for n in learner_names() if learner_class(n).on_policy == on_policy
+                 and (on_policy or hasattr(learner_class(n), "trajectory_keep")))
 
 
 @dataclass(frozen=True)
@@ -102,14 +109,15 @@ class Grader:
                  text: EmbeddingCache, *, algorithm: str = "digirl", lam: float = filters.GAMMA,
                  top_p: float = 0.1, step_filter: str = "paper", image_encoder: Any = None
                  ) -> None:
-        if algorithm not in ("digirl", "filtered_bc", "awr"):
-            raise ValueError(f"algorithm must be 'digirl', 'filtered_bc' or 'awr', got "
+        if algorithm not in _learners(on_policy=False):
+            raise ValueError(f"algorithm must be one of {_learners(on_policy=False)}, got "
                              f"{algorithm!r}")
         if step_filter not in filters.STEP_FILTERS:
             raise ValueError(f"step_filter must be one of {filters.STEP_FILTERS}, got "
                              f"{step_filter!r}")
         self.step_critic, self.instr_critic, self.text = step_critic, instr_critic, text
         self.algorithm, self.lam, self.top_p = algorithm, lam, top_p
+        self.learner = learner_class(algorithm)  # its keep rules
         self.step_filter = step_filter
         self.image_encoder = image_encoder
 
@@ -139,7 +147,7 @@ class Grader:
         from digirl_lite.viz.runs import Run
 
         run = run if isinstance(run, Run) else Run(run)
-        if run.config.get("algorithm") in ON_POLICY:
+        if learner_class(run.config.get("algorithm", "digirl")).on_policy:
             return OnPolicyGrader.from_run(run, checkpoint, image_encoder=image_encoder)
         state = run.critic_state(checkpoint)
         if state is None:
@@ -191,17 +199,13 @@ class Grader:
         usable = np.array([t.is_usable for t in trajs])
         kept = np.zeros(len(trajs), dtype=bool)
         if usable.any():
-            if self.algorithm == "filtered_bc":
-                kept[usable] = filters.filtered_bc_keep(r[usable], p=self.top_p)
-            else:
-                kept[usable] = filters.keep_top_fraction(a_instr[usable], self.top_p)
+            kept[usable] = self.learner.trajectory_keep(r[usable], a_instr[usable], self.top_p)
         values = critic_values_many(trajs, screens, self.text, self.step_critic)
         out = {}
         for i, (t, v) in enumerate(zip(trajs, values)):
             a, step_ok = filters.step_grades(v, t.rewards, [s.mc_return for s in t.steps],
                                              t.horizon, self.step_filter, self.lam)
-            if self.algorithm in ("filtered_bc", "awr"):  # AWR weights, drops none
-                step_ok = np.ones(len(t.steps), dtype=bool)
+            step_ok = self.learner.step_keep(step_ok)
             valid = np.array([s.action.is_valid for s in t.steps])
             out[t.traj_id] = TrajectoryGrade(
                 traj_id=t.traj_id, instr_value=float(v_instr[i]),
@@ -235,8 +239,8 @@ def _mean(x: Sequence[float]) -> float:
 class OnPolicyGrade:
     """What a PPO or GRPO learner computes for one trajectory of T steps (N action tokens).
 
-    The token-level arrays are :func:`digirl_lite.policy.on_policy.on_policy_rows`'s; the
-    per-step numbers the viewer shows are read from them (see the properties).
+    The token-level arrays are the learner's (its ``token_rows``); the per-step numbers the
+    viewer shows are read from them (see the properties).
 
     Attributes:
         traj_id: the trajectory's id.
@@ -307,7 +311,7 @@ class OnPolicyGrade:
     def row(self) -> dict[str, Any]:
         """The trajectory's columns for a table."""
         out: dict[str, Any] = {"reward": self.reward}
-        if self.algorithm == "ppo":
+        if self.token_values:  # a value head (PPO)
             out["V_start"] = self.value_at_start
             out["mean_A"] = _mean(self.token_advantages)
         else:
@@ -344,8 +348,9 @@ class OnPolicyGrader:
                  lam: float | None = None, image_encoder: Any = None) -> None:
         from digirl_lite import ppo
 
-        if algorithm not in ON_POLICY:
-            raise ValueError(f"algorithm must be one of {ON_POLICY}, got {algorithm!r}")
+        if algorithm not in _learners(on_policy=True):
+            raise ValueError(f"algorithm must be one of {_learners(on_policy=True)}, got "
+                             f"{algorithm!r}")
         self.policy, self.algorithm = policy, algorithm
         self.gamma = ppo.GAMMA if gamma is None else float(gamma)
         self.lam = ppo.LAM if lam is None else float(lam)
@@ -374,7 +379,8 @@ class OnPolicyGrader:
         algorithm = c.get("algorithm", "ppo")
         policy = load_policy(d / "policy", **({"base": c["policy_path"]}
                                               if c.get("policy") == "vlm" else {}))
-        if algorithm == "ppo" and policy.value_head_fresh:
+        if getattr(learner_class(algorithm), "value_coef_applies", False) \
+                and policy.value_head_fresh:
             raise ValueError(f"{d / 'policy'} has no value head: nothing to show for PPO")
         if image_encoder is None and c.get("image_encoder", "sim") == "sim":
             from digirl_lite.vision import SimScreenEncoder
@@ -390,14 +396,12 @@ class OnPolicyGrader:
         """Grades of ``trajectories`` by id: those the learner would use (at least one step,
         no unjudged step; GRPO: no infrastructure truncation). GRPO's groups are the
         trajectories of one task within this set."""
-        from digirl_lite.policy.on_policy import on_policy_rows
-
         trajs = [t for t in trajectories if t.steps]
         if not trajs:
             return {}
         _fill_features(trajs, screens, self.image_encoder)
-        rows = on_policy_rows(trajs, self.policy, screens, algorithm=self.algorithm,
-                              gamma=self.gamma, lam=self.lam)
+        rows = learner_class(self.algorithm).token_rows(trajs, self.policy, screens,
+                                                        gamma=self.gamma, lam=self.lam)
         out, k = {}, 0
         for t in trajs:  # the rows: those of the trajectories kept, in order, a step each
             if k >= len(rows) or rows[k].step is not t.steps[0]:
