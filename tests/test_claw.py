@@ -28,10 +28,10 @@ from digirl_lite.harness.claw import (  # noqa: E402
     ExperienceUnit,
     FleetRunner,
     LLMTriage,
-    Outcome,
     ScriptedTriage,
     Trace,
     Validation,
+    ValidationEpisode,
     check_grounded,
     read_skill_md,
     score,
@@ -111,7 +111,7 @@ def worked_runner():
                 success, invalid, hits = k < 28, 2, (rid,)
             if rid == "eu:b" and k < 80:
                 success, hits = k < 32, (rid,)
-            out.append(Outcome(t, s, success, 10, invalid, frozenset(hits)))
+            out.append(ValidationEpisode(t, s, success, 10, invalid, frozenset(hits)))
         return out
     return run
 
@@ -563,6 +563,25 @@ def test_import_is_light():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_the_package_keeps_the_module_names():
+    """``harness/claw.py`` became a package (issue 50): every public name of the one-file
+    module still imports from ``digirl_lite.harness.claw``; its episode record is
+    ``ValidationEpisode``, no second ``Outcome`` beside :mod:`digirl_lite.harness.runner`'s."""
+    import digirl_lite.harness.claw as claw
+
+    names = ["ClawError", "ExperienceUnit", "ClawConfig", "ExperienceBank", "Trace",
+             "ValidationEpisode", "Validation", "TriageResult", "Triage", "ScriptedTriage",
+             "LLMTriage", "scripted_triage", "check_grounded", "score", "validate",
+             "write_skill_md", "read_skill_md", "skill_rules", "skill_edit",
+             "traces_from_episodes", "outcomes_from_episodes", "FleetRunner", "SUBTYPES",
+             "STATES", "TRIAGES", "DEFAULT_WEIGHTS", "EU_PREFIX", "SKILL_FILE",
+             "LLM_INSTRUCTIONS", "Runner", "describe_trigger", "describe_strategy"]
+    assert [n for n in names if not hasattr(claw, n)] == []
+    assert [n for n in claw.__all__ if not hasattr(claw, n)] == []
+    assert not hasattr(claw, "Outcome")
+    assert claw.ValidationEpisode.__module__ == "digirl_lite.harness.claw.validation"
 
 
 # ---------------------------------------------------------------------------------------
