@@ -38,17 +38,10 @@ from typing import Any
 
 from digirl_lite.data.records import ScreenTable, Source
 from digirl_lite.envs.base import Observation
-from digirl_lite.rollout.devices import DeviceError
-from digirl_lite.rollout.episode import RECORD_SIZE
-from digirl_lite.rollout.fleet import (
-    BatchAgent,
-    Episode,
-    JudgeUnavailable,
-    NoDevicesLeft,
+from digirl_lite.rollout.bookkeeping import (
     _DeviceFleet,
     _FaultKeeper,
     _Recording,
-    _TaskQueue,
     begin_episode,
     log,
     make_devices,
@@ -58,6 +51,10 @@ from digirl_lite.rollout.fleet import (
     restart_device,
     settle_episode,
 )
+from digirl_lite.rollout.devices import DeviceError
+from digirl_lite.rollout.episode import RECORD_SIZE
+from digirl_lite.rollout.fleet_types import BatchAgent, Episode, JudgeUnavailable, NoDevicesLeft
+from digirl_lite.rollout.task_queue import _TaskQueue
 
 __all__ = ["AsyncFleet", "TAKE_ORDERS"]
 

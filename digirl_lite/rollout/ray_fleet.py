@@ -25,9 +25,9 @@ from collections.abc import Callable
 from typing import Any
 
 from digirl_lite.rollout.async_fleet import AsyncFleet
+from digirl_lite.rollout.bookkeeping import log
 from digirl_lite.rollout.devices import DeviceError, is_task_fault, reset_env, shrink_obs
 from digirl_lite.rollout.episode import RECORD_SIZE
-from digirl_lite.rollout.fleet import log
 
 __all__ = ["RayFleet", "DeviceHost", "import_ray"]
 
