@@ -32,9 +32,9 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(ROOT))
 
-from grid import RESULTS, RUNS, load_spec  # noqa: E402
+from benchmarks.gridlib import RESULTS, RUNS, load_spec  # noqa: E402
 
 SPLITS = ("unseen_phrasings", "final_phrasings")
 

@@ -20,17 +20,6 @@ from pathlib import Path
 ARMS = ("H0", "v1_family_A", "v2_family_B", "merged")
 
 
-def _t_interval(xs: list[float]) -> tuple[float, float, float]:
-    from statistics import mean, stdev
-
-    m = mean(xs)
-    if len(xs) < 2:
-        return m, float("nan"), float("nan")
-    t = {2: 12.706, 3: 4.303, 4: 3.182, 5: 2.776}.get(len(xs), 2.262)
-    h = t * stdev(xs) / len(xs) ** 0.5
-    return m, m - h, m + h
-
-
 def _on_union(cross: dict, union: list[str], name: str) -> str:
     got = set(cross.get(name, [])) & set(union)
     return f"{len(got)}/{len(union)}"
@@ -49,6 +38,7 @@ def table(records: list[dict]) -> str:
     if len(commits) > 1:
         raise SystemExit(f"the records come from different commits: {sorted(commits)}")
     from digirl_lite.harness.teachers import teacher_label
+    from digirl_lite.viz.curves import mean_ci95  # the grid's: t(0.975, n - 1)
 
     # records from before the option ran with the simulator's expert
     teachers = {r.get("teacher", "privileged_expert") for r in records}
@@ -77,13 +67,13 @@ def table(records: list[dict]) -> str:
               "| harness | held-out | merged minus it, seed by seed |", "|---|---|---|"]
     for a in ARMS:
         xs = [100 * r["held_out"][a]["success_rate"] for r in records if a in r["held_out"]]
-        m, lo, hi = _t_interval(xs)
+        m, lo, hi = mean_ci95(xs)
         lo, hi = max(lo, 0.0), min(hi, 100.0)  # a rate's interval, clipped to [0, 100]
         diff = ""
         if a != "merged":
             ds = [100 * (r["held_out"]["merged"]["success_rate"] - r["held_out"][a]["success_rate"])
                   for r in records if a in r["held_out"] and "merged" in r["held_out"]]
-            dm, dlo, dhi = _t_interval(ds)
+            dm, dlo, dhi = mean_ci95(ds)
             diff = f"{dm:+.1f} [{dlo:+.1f}, {dhi:+.1f}] ({', '.join(f'{d:+.1f}' for d in ds)})"
         lines.append(f"| {a} | {m:.1f} [{lo:.1f}, {hi:.1f}] (n = {len(xs)}) | {diff} |")
     return "\n".join(lines) + "\n"

@@ -1,13 +1,12 @@
-"""benchmarks/grid.py: the table's intervals against numbers worked by hand, resuming a grid
-(finished runs skipped, checkpointed ones resumed) with a stand-in recipe, spec errors that
-name their field; provenance in a repository of its own (a dirty tree refused, attempts'
-commits and wall times, --rerun-stale, the table's warning on mixed code); one slow test runs
-a real one-job grid under --quick."""
+"""benchmarks/grid.py and its package, benchmarks/gridlib: the table's intervals against
+numbers worked by hand, resuming a grid (finished runs skipped, checkpointed ones resumed)
+with a stand-in recipe, spec errors that name their field; provenance in a repository of its
+own (a dirty tree refused, attempts' commits and wall times, --rerun-stale, the table's
+warning on mixed code); one slow test runs a real one-job grid under --quick."""
 
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 import math
 import os
@@ -20,10 +19,10 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location("grid", ROOT / "benchmarks" / "grid.py")
-grid = importlib.util.module_from_spec(_spec)
-sys.modules["grid"] = grid  # dataclasses look their module up
-_spec.loader.exec_module(grid)
+sys.path.insert(0, str(ROOT))  # plain `pytest` leaves the checkout off sys.path
+
+from benchmarks import gridlib as grid  # noqa: E402
+from benchmarks.gridlib import repo as grid_repo  # noqa: E402  (its ROOT: the grid's checkout)
 
 
 def _write(path: Path, obj) -> Path:
@@ -193,8 +192,8 @@ FAKE_RECIPE = textwrap.dedent('''
 
 @pytest.fixture
 def fake_grid(tmp_path, monkeypatch):
-    """A grid of the stand-in recipe in a repository of its own (``grid.ROOT``): a package,
-    the recipe and the spec, committed."""
+    """A grid of the stand-in recipe in a repository of its own (``grid_repo.ROOT``): a
+    package, the recipe and the spec, committed."""
     repo = tmp_path / "repo"
     recipe = repo / "fake_recipe.py"
     (repo / "digirl_lite").mkdir(parents=True)
@@ -203,7 +202,7 @@ def fake_grid(tmp_path, monkeypatch):
     path = _spec_file(repo, seeds=[0, 1, 2], recipe=str(recipe), set={"eval_every": 1},
                       arms=[{"name": "a"}])
     _git_repo(repo)
-    monkeypatch.setattr(grid, "ROOT", repo)
+    monkeypatch.setattr(grid_repo, "ROOT", repo)
     return grid.load_spec(path), tmp_path / "runs", tmp_path / "results"
 
 
@@ -241,7 +240,7 @@ def test_resume_skips_finished_and_resumes_checkpointed(fake_grid):
     assert r["trainer_wall_s"] == 12.5 and r["wall_s"] == attempt["wall_s"] < 12.5
     assert r["omp_threads"] == attempt["threads"] == int(threads)
     assert attempt["resume"] is True and attempt["exit"] == 0 and attempt["dirty"] is False
-    assert attempt["commit"] == r["git"]["commit"] == _git(grid.ROOT, "rev-parse", "HEAD").strip()
+    assert attempt["commit"] == r["git"]["commit"] == _head(grid_repo.ROOT)
     assert r["dirty"] is False and r["diff_sha256"] is None
     assert r["online_iteration_s"] == {"actor": 1.5, "collect": 0.5, "total": 2.0}
     assert "commit" in r["git"] and r["config"] == {"seed": 1}
@@ -279,14 +278,12 @@ def test_a_job_stays_held_while_it_runs_after_its_runner_is_killed(fake_grid, tm
     spec, runs, results = fake_grid
     [job] = grid.jobs_of(spec, seeds=[34], runs_dir=runs, results_dir=results)
     runner = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
-        import importlib.util, sys
+        import sys
         from pathlib import Path
-        spec = importlib.util.spec_from_file_location("grid", {str(ROOT / "benchmarks" /
-                                                               "grid.py")!r})
-        grid = importlib.util.module_from_spec(spec)
-        sys.modules["grid"] = grid
-        spec.loader.exec_module(grid)
-        grid.ROOT = Path({str(grid.ROOT)!r})
+        sys.path.insert(0, {str(ROOT)!r})
+        from benchmarks import gridlib as grid
+        from benchmarks.gridlib import repo
+        repo.ROOT = Path({str(grid_repo.ROOT)!r})
         [job] = grid.jobs_of(grid.load_spec(Path({str(spec.path)!r})), seeds=[34],
                              runs_dir=Path({str(runs)!r}), results_dir=Path({str(results)!r}))
         grid.run_jobs([job], 1, check_configs=False, poll_s=0.05)
@@ -447,7 +444,7 @@ def test_commit_takes_only_its_file(tmp_path, monkeypatch):
     (tmp_path / "a.txt").write_text("someone else's staged edit")
     _git(tmp_path, "add", "a.txt")
     result = _write(tmp_path / "results" / "x-seed0.json", {"seed": 0})
-    monkeypatch.setattr(grid, "ROOT", tmp_path)
+    monkeypatch.setattr(grid_repo, "ROOT", tmp_path)
     assert grid.commit_files([result], "grid g: x seed 0")
     assert _git(tmp_path, "show", "--name-only", "--format=%s", "HEAD").split() == [
         "grid", "g:", "x", "seed", "0", "results/x-seed0.json"]
@@ -465,10 +462,25 @@ def _change_code(repo: Path, text: str) -> str:
     return _head(repo)
 
 
+def test_an_edit_to_the_runners_package_is_a_dirty_tree(fake_grid):
+    """The runner is benchmarks/grid.py and its package (issue 50): an uncommitted edit to
+    either stops a run, as one to digirl_lite does; neither is in the run's code_id."""
+    spec, runs, results = fake_grid
+    repo = grid_repo.ROOT
+    [job] = grid.jobs_of(spec, seeds=[0], runs_dir=runs, results_dir=results)
+    assert {"benchmarks/grid.py", "benchmarks/gridlib"} <= set(job.watched_files())
+    assert not {"benchmarks/grid.py", "benchmarks/gridlib"} & set(job.code_files())
+    grid.require_clean([job], "the grid")  # clean
+    (repo / "benchmarks" / "gridlib").mkdir(parents=True)
+    (repo / "benchmarks" / "gridlib" / "stats.py").write_text("T = 2.262")
+    with pytest.raises(grid.DirtyTreeError, match=r"\?\? benchmarks/gridlib/stats.py"):
+        grid.require_clean([job], "the grid")
+
+
 @pytest.mark.slow
 def test_a_dirty_tree_is_refused_unless_allowed(fake_grid, capsys):
     spec, runs, results = fake_grid
-    repo = grid.ROOT
+    repo = grid_repo.ROOT
     (repo / "digirl_lite" / "code.py").write_text("x = 2")
     (repo / "digirl_lite" / "new.py").write_text("y = 1")  # untracked: imported all the same
     [job] = grid.jobs_of(spec, seeds=[0], runs_dir=runs, results_dir=results)
@@ -497,7 +509,7 @@ def test_a_dirty_tree_is_refused_unless_allowed(fake_grid, capsys):
 
 def test_wall_time_and_commits_add_up_over_attempts(fake_grid, capsys):
     spec, runs, results = fake_grid
-    repo = grid.ROOT
+    repo = grid_repo.ROOT
     [job] = grid.jobs_of(spec, seeds=[21], runs_dir=runs, results_dir=results)
     first = grid.run_jobs([job], 1, check_configs=False, poll_s=0.05)
     assert first["failed"] == [job] and job.state() == "resume"
@@ -521,7 +533,7 @@ def test_wall_time_and_commits_add_up_over_attempts(fake_grid, capsys):
 
 def test_a_run_picked_up_finished_keeps_the_commit_it_ran_on(fake_grid):
     spec, runs, results = fake_grid
-    repo = grid.ROOT
+    repo = grid_repo.ROOT
     [job] = grid.jobs_of(spec, seeds=[2], runs_dir=runs, results_dir=results)
     grid.run_jobs([job], 1, check_configs=False, poll_s=0.05)
     c1, before = _head(repo), json.loads(job.result.read_text())
@@ -554,7 +566,7 @@ def test_attempts_from_before_records_come_from_the_log(fake_grid):
     old, new = r["attempts"]
     assert (old["threads"], old["resume"], old["commit"], old["wall_s"]) == (2, False, None, 400)
     assert old["from"] == "log" and old["wall_s_from"] == "metrics.jsonl"
-    assert new["resume"] is True and new["commit"] == _head(grid.ROOT)
+    assert new["resume"] is True and new["commit"] == _head(grid_repo.ROOT)
     assert r["wall_s"] == round(400 + new["wall_s"], 1)
     assert r["git"]["commits"] == [None, new["commit"]]
 
@@ -562,7 +574,7 @@ def test_attempts_from_before_records_come_from_the_log(fake_grid):
 @pytest.mark.slow
 def test_rerun_stale_reruns_what_is_not_on_the_commit(fake_grid, capsys):
     spec, runs, results = fake_grid
-    repo = grid.ROOT
+    repo = grid_repo.ROOT
     old, new = grid.jobs_of(spec, seeds=[0, 1], runs_dir=runs, results_dir=results)
     grid.run_jobs([old], 1, check_configs=False, poll_s=0.05)
     c1 = _head(repo)
