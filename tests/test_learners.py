@@ -82,6 +82,10 @@ def test_the_config_takes_its_algorithms_from_the_registry():
         sim_quick(algorithm="every_success_test", ppo_epochs=3)
     with pytest.raises(ConfigError, match="algorithm must be one of .*every_success_test"):
         sim_quick(algorithm="nope")
+    # the config's sync / async modes are LEARNER_MODES (LEARNERS named two things)
+    from digirl_lite.train import config
+
+    assert config.LEARNER_MODES == ("sync", "async") and not hasattr(config, "LEARNERS")
 
 
 @pytest.mark.slow  # a tiny quick job, 20-40 s
@@ -99,6 +103,8 @@ def test_a_learner_of_one_file_runs_the_quick_job(tmp_path):
     assert isinstance(t.learner, EverySuccess)
     assert t.step_critic is None and t.instr_critic is None and t.critic_opt is None
     assert t.actor_opt.param_groups[0]["lr"] == 3e-4
+    # one name, one thing: the process count is world_size, cfg.world the task set
+    assert t.world_size == 1 and not hasattr(t, "world") and t.cfg.world == "webshop"
     summary = t.run()
     assert {"offline", "online"} <= set(summary["stages"])
     online = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]

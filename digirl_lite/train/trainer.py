@@ -272,15 +272,16 @@ class Trainer:
         self.text = EmbeddingCache(self._text_encoder())
         d_t, d_i = self.text.encoder.dim, self.img_dim
         # the critics the learner asks for (none but DigiRL's and AWR's), where the policy
-        # learns (``device``); their batches follow them
+        # learns (``device``); their batches follow them. Both are initialised for every
+        # learner and dropped where it asks for none: their draws keep torch's random
+        # stream (which the phones' sampling reads) seed for seed what it was when every
+        # run held both (tests/test_behaviour_unchanged.py)
         dev = self.accelerator.device
-        self.step_critic = self.instr_critic = self.critic_opt = None
-        if "step" in learner.critics:
-            self.step_critic = StepCritic(d_t, d_i, hidden=cfg.critic_hidden,
-                                          init_value=cfg.critic_init_value).to(dev)
-        if "instruction" in learner.critics:
-            self.instr_critic = InstructionCritic(d_t, init_value=cfg.critic_init_value
-                                                  ).to(dev)
+        step = StepCritic(d_t, d_i, hidden=cfg.critic_hidden, init_value=cfg.critic_init_value)
+        instr = InstructionCritic(d_t, init_value=cfg.critic_init_value)
+        self.step_critic = step.to(dev) if "step" in learner.critics else None
+        self.instr_critic = instr.to(dev) if "instruction" in learner.critics else None
+        self.critic_opt = None
         if self._critics():
             self.critic_opt = torch.optim.Adam(
                 [p for m in self._critics() for p in m.parameters()], lr=cfg.critic_lr)
