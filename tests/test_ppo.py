@@ -601,7 +601,7 @@ def test_offline_imitation_trains_the_actor_on_the_piles_successes_first(tmp_pat
         before = t.policy.model.lm_head.weight.detach().clone()
         info = t.learner.offline(pile)
         after = t.policy.model.lm_head.weight.detach()
-        assert t.actor_opt is opt and opt.param_groups[0]["lr"] == cfg.actor_learning_rate
+        assert t.actor_opt is opt and opt.param_groups[0]["lr"] == cfg.resolved("actor_lr")
         if imitation:
             wins = [x for x in pile if x.is_usable and x.final_reward > 0]
             assert info["imitation_kept_trajectories"] == len(wins) > 0
