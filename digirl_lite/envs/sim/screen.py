@@ -317,7 +317,7 @@ _ANDROID_CLASS = {
 
 
 def is_tappable(el: Element) -> bool:
-    """Does a tap on ``el`` do something (what :func:`_tap` acts on)?"""
+    """Does a tap on ``el`` do something (what :func:`.transitions._tap` acts on)?"""
     return el.id in _TAPPABLE or el.id.startswith(_TAPPABLE_PREFIXES)
 
 
