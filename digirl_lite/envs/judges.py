@@ -1,8 +1,8 @@
 """Build a judge from a plain config (what the trainer's config and checkpoints hold).
 
-The factory sits above both the judges of :mod:`digirl_lite.judge` (the paper's evaluator,
-its backends and guards) and the simulator's oracles (:mod:`digirl_lite.envs.sim.oracle`),
-so every environment's factory can build its judge from a config.
+The factory sits above the judges of :mod:`digirl_lite.judge` (the paper's evaluator, its
+backends and guards, the oracles of :mod:`digirl_lite.judge.oracle`) and imports no
+environment, so every environment's factory can build its judge from a config.
 
     make_judge({"judge": "oracle"})                                    # the default
     make_judge({"judge": "env"})           # the environment's own success check
@@ -117,9 +117,9 @@ def probe_judge(config: dict[str, Any] | None, timeout_s: float = 10.0) -> None:
 
 
 def make_judge(config: dict[str, Any] | None = None):
-    from digirl_lite.envs.sim.oracle import EnvJudge, NoisyOracleJudge, OracleJudge
     from digirl_lite.judge.backends import make_backend
     from digirl_lite.judge.guards import GuardedJudge
+    from digirl_lite.judge.oracle import EnvJudge, NoisyOracleJudge, OracleJudge
     from digirl_lite.judge.paper import FewShotSet, PaperJudge
 
     cfg = dict(config or {"judge": "oracle"})

@@ -1,10 +1,9 @@
-"""Judges: the interface, the paper's VLM evaluator and its backends, the guards, and
-calibration against labels.
+"""Judges: the interface, the paper's VLM evaluator and its backends, the guards,
+calibration against labels, and the oracles (exact, the environment's own check, noisy:
+:mod:`.oracle`, which read a state that checks its own task).
 
-The simulator's oracles (exact, the environment's own check, noisy) live with the simulator
-(:mod:`digirl_lite.envs.sim.oracle`), and the factory that builds any judge from a config,
-:func:`~digirl_lite.envs.judges.make_judge` / ``check_judge``, in :mod:`digirl_lite.envs`:
-this package imports no environment.
+The factory that builds any judge from a config, :func:`~digirl_lite.envs.judges.make_judge`
+/ ``check_judge``, is in :mod:`digirl_lite.envs`: this package imports no environment.
 
 Backends import their clients (``google-genai``, ``openai``: the ``judge`` extra) only when
 used.
@@ -27,6 +26,7 @@ from digirl_lite.judge.guards import (
     screen_mse,
     shrink,
 )
+from digirl_lite.judge.oracle import CheckableState, EnvJudge, NoisyOracleJudge, OracleJudge
 from digirl_lite.judge.paper import FewShotExample, FewShotSet, PaperJudge, parse_status
 
 __all__ = [
@@ -34,4 +34,5 @@ __all__ = [
     "Judge", "JudgeResult", "calibrate", "wilson_interval",
     "MSE_THRESHOLD", "GuardedJudge", "ScreenGuards", "is_blank", "screen_mse", "shrink",
     "FewShotExample", "FewShotSet", "PaperJudge", "parse_status",
+    "CheckableState", "OracleJudge", "EnvJudge", "NoisyOracleJudge",
 ]

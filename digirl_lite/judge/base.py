@@ -7,7 +7,7 @@ trajectories that carry one are marked and, by default, kept out of training.
 
 Judges hold per-device state (the reference code's change and seen-recently guards), so
 each environment owns its own judge object; :meth:`Judge.reset` starts a new episode.
-The simulator's oracles are in :mod:`digirl_lite.envs.sim.oracle`; a judge from a config:
+The oracles are in :mod:`digirl_lite.judge.oracle`; a judge from a config:
 :func:`digirl_lite.envs.judges.make_judge`.
 """
 

@@ -38,9 +38,9 @@ from digirl_lite.envs.lifecycle import (
     hard_reset_due,
     run_phase,
 )
-from digirl_lite.envs.sim.oracle import EnvJudge
 from digirl_lite.judge.base import JudgeResult
 from digirl_lite.judge.guards import is_blank
+from digirl_lite.judge.oracle import EnvJudge
 from digirl_lite.prompts import build_prompt
 
 __all__ = ["AndroidEnv"]
@@ -57,7 +57,7 @@ class AndroidEnv:
     Args:
         config: how to reach the device (:class:`AndroidConfig`).
         judge: gives the rewards (e.g. ``make_judge({...})``); None: every step is UNJUDGED
-            (recorded, never trained on). An :class:`~digirl_lite.envs.sim.oracle.EnvJudge` asks the
+            (recorded, never trained on). An :class:`~digirl_lite.judge.oracle.EnvJudge` asks the
             device's own success check (``digirl: isSuccess``), and the device is then told
             each episode's task (``digirl: setTask``).
         horizon: step budget H (20 Web Shopping, 10 General).
@@ -82,7 +82,7 @@ class AndroidEnv:
             (``digirl: isSuccess``) for the truth beside the judge's verdict,
             ``info["true_success"]`` and ``info["reached_first_milestone"]`` (issue 32).
             Only a device told the episode's task can answer (``reset="task"`` or the
-            :class:`~digirl_lite.envs.sim.oracle.EnvJudge`: a served simulated phone); with
+            :class:`~digirl_lite.judge.oracle.EnvJudge`: a served simulated phone); with
             the EnvJudge the last step's verdict is that check, asked once. A device that
             refuses the command (a real phone) is not asked again and its episodes carry no
             truth (None): never an error. False: never ask.

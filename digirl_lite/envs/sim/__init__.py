@@ -1,9 +1,8 @@
-"""The built-in simulated phone: launcher, Chrome, Google, six shops, surprises and drift,
-and its oracle judges."""
+"""The built-in simulated phone: launcher, Chrome, Google, six shops, surprises and drift.
+Its oracle judges live in :mod:`digirl_lite.judge.oracle` (re-exported here)."""
 
 from digirl_lite.envs.sim.agents import Copier, ScriptedExpert, expert_action
 from digirl_lite.envs.sim.env import Faults, SimEnvFactory, SimPhoneEnv
-from digirl_lite.envs.sim.oracle import EnvJudge, NoisyOracleJudge, OracleJudge
 from digirl_lite.envs.sim.tasks import (
     SimPhase,
     Task,
@@ -13,6 +12,7 @@ from digirl_lite.envs.sim.tasks import (
     task_with_phases,
 )
 from digirl_lite.envs.sim.world import PhoneState, Surprises
+from digirl_lite.judge.oracle import EnvJudge, NoisyOracleJudge, OracleJudge
 
 __all__ = [
     "Copier", "ScriptedExpert", "expert_action", "Faults", "SimEnvFactory", "SimPhoneEnv", "Task",

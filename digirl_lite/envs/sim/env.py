@@ -17,7 +17,6 @@ from digirl_lite.actions import Action, Gesture, format_action, parse_action, to
 from digirl_lite.data.records import Verdict
 from digirl_lite.envs.base import TRUNCATION_BUDGET, TRUNCATION_INFRA, Observation
 from digirl_lite.envs.lifecycle import SETUP, TEARDOWN, PhaseFailed, hard_reset_due
-from digirl_lite.envs.sim.oracle import OracleJudge
 from digirl_lite.envs.sim.render import Renderer, blank_screen, screen_key
 from digirl_lite.envs.sim.tasks import Task, UnsupportedTaskError, load_tasks, parse_task
 from digirl_lite.envs.sim.world import (
@@ -39,6 +38,7 @@ from digirl_lite.envs.sim.world import (
     ui_nodes,
 )
 from digirl_lite.judge.base import Judge, JudgeResult
+from digirl_lite.judge.oracle import OracleJudge
 from digirl_lite.paths import data_dir
 from digirl_lite.prompts import build_prompt
 

@@ -9,8 +9,9 @@ teardown are applied and checked here (:func:`apply_phase`, :func:`phase_reached
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields, replace
+from typing import Any
 
-from digirl_lite.envs.sim.tasks import N_RESULTS, SimPhase
+from digirl_lite.envs.sim.tasks import N_RESULTS, SimPhase, Task, parse_task
 
 __all__ = ["Surprises", "Page", "LAYOUTS", "PhoneState", "initial_state", "minimal_reset",
            "apply_phase", "phase_reached"]
@@ -110,6 +111,14 @@ class PhoneState:
     def clean(self) -> bool:
         """No surprise in the way (a consent banner only covers the bottom of the page)."""
         return self.overlay in (None, "consent") and not self.loading
+
+    def task_succeeded(self, task: Any) -> bool:
+        """Whether ``task`` (a :class:`~digirl_lite.envs.sim.tasks.Task` or its instruction)
+        is done on this screen: what the oracle judges read
+        (:class:`~digirl_lite.judge.oracle.CheckableState`)."""
+        from digirl_lite.envs.sim.success import is_success  # it imports this module
+
+        return is_success(self, task if isinstance(task, Task) else parse_task(task))
 
 
 def initial_state(day: int = 1, layout: str = "older") -> PhoneState:
