@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-import digirl_lite.train.trainer as trainer_mod
+import digirl_lite.train.checkpoints as checkpoints_mod
 from digirl_lite.data.store import TrajectoryStore
 from digirl_lite.errors import ConfigError
 from digirl_lite.train.config import sim_quick
@@ -46,7 +46,7 @@ def test_checkpoints_get_fresh_names_and_latest_moves_last(tmp_path, monkeypatch
     assert first != second and first.name < second.name
     assert (root / "latest").read_text() == second.name
     # a save killed half way: latest still names the last complete checkpoint
-    monkeypatch.setattr(trainer_mod, "atomic_write_text",
+    monkeypatch.setattr(checkpoints_mod, "atomic_write_text",
                         lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt))
     with pytest.raises(KeyboardInterrupt):
         t.save_checkpoint()
