@@ -36,10 +36,10 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
 
+    from digirl_lite.envs.sim.demos import generate_demos
     from digirl_lite.paths import data_dir
     from digirl_lite.policy import AutoUIPolicy
     from digirl_lite.policy.updates import actor_precision, text_mle_update
-    from digirl_lite.rollout.pile import generate_demos
 
     trajs, _, _ = generate_demos("webshop", n=60, seed=0)
     steps = [s for t in trajs for s in t.steps]

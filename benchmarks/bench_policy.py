@@ -14,8 +14,8 @@ import time
 
 import torch
 
+from digirl_lite.envs.sim.demos import generate_demos
 from digirl_lite.policy import AutoUIPolicy
-from digirl_lite.rollout.pile import generate_demos
 
 
 def main(argv: list[str] | None = None) -> dict:

@@ -132,12 +132,13 @@ def measure(size: str, batch: int, image: tuple[int, int], lora: dict) -> dict:
     # (the model is told their special tokens' ids)
     import tempfile
 
+    from digirl_lite.envs.sim.demos import sim_corpus
     from digirl_lite.policy.tiny_vlm import make_tiny_vlm
     from digirl_lite.policy.updates import text_mle_update
     from digirl_lite.policy.vlm import VLMPolicy, _Inputs, _with_lora
 
     with tempfile.TemporaryDirectory() as tmp:
-        d = make_tiny_vlm(Path(tmp) / "tiny")
+        d = make_tiny_vlm(Path(tmp) / "tiny", corpus=sim_corpus(seed=0, n_demos=20))
         inputs = _Inputs(d, "qwen2_vl")
     ids = {f"{k}_token_id": inputs.tokenizer.convert_tokens_to_ids(t) for k, t in
            (("image", "<|image_pad|>"), ("video", "<|video_pad|>"),

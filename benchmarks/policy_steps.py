@@ -40,9 +40,9 @@ def main(argv: list[str] | None = None) -> dict:
     import numpy as np
 
     from digirl_lite.actions import parse_action
+    from digirl_lite.envs.sim.demos import generate_demos
     from digirl_lite.policy.base import policy_inputs, policy_kind
     from digirl_lite.policy.factory import load_policy
-    from digirl_lite.rollout.pile import generate_demos
     from digirl_lite.vision import FeatureCache, SimScreenEncoder
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])

@@ -50,10 +50,11 @@ def _scored(ex, world: str) -> dict[str, float]:
 
 
 def main() -> None:
-    from digirl_lite.policy.span_extractor import SpanExtractor, extractor_pairs
+    from digirl_lite.envs.sim.drills import extractor_pairs
+    from digirl_lite.paths import user_cache_dir
+    from digirl_lite.policy.span_extractor import SpanExtractor
     from digirl_lite.train.config import sim_webshop
     from digirl_lite.train.starting import span_extractor
-    from digirl_lite.paths import user_cache_dir
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--worlds", nargs="+", default=["webshop", "general"])

@@ -250,8 +250,8 @@ def main(argv: list[str] | None = None) -> dict:
         if args.drills:
             from itertools import islice
 
+            from digirl_lite.envs.sim.drills import copy_drills
             from digirl_lite.prompts import task_from_prompt
-            from digirl_lite.rollout.pile import copy_drills
 
             train += [(task_from_prompt(p), q) for p, q in islice(copy_drills(
                 seed=seed, phrasing_share=args.share, phrasings=args.phrasings), args.drills)]

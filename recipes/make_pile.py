@@ -24,7 +24,7 @@ from pathlib import Path
 
 from digirl_lite.data import TrajectoryStore
 from digirl_lite.envs.sim.agents import DEFAULT_SLIP_RATE
-from digirl_lite.rollout.pile import PILE_SIZES, generate_demos, generate_pile
+from digirl_lite.envs.sim.demos import PILE_SIZES, generate_demos, generate_pile
 
 
 def main(argv: list[str] | None = None) -> dict:

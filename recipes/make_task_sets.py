@@ -286,7 +286,7 @@ OPEN_TEMPLATES = ["Open the {}", "Open {}", "Open the {} app", "Launch {}", "Lau
 # The held-out split general_unseen_names (issue 47, item 1): for every slot of TOPICS, names
 # no train or test task has. Each name's words (its article aside) are in neither list, and at
 # least one of them (here: every one) is a word the starting policy's demonstrations and copy
-# drills cannot write (rollout/pile.py's _vary_query puts a word of a train query or a made-up
+# drills cannot write (envs/sim/drills.py's _vary_query puts a word of a train query or a made-up
 # one, four to eight letters or a model number, in a name's place): nine letters or more, or
 # an apostrophe or hyphen (tests/test_generalization_splits.py checks both).
 UNSEEN_NAMES: dict[str, list[str]] = {

@@ -19,6 +19,7 @@ import time
 
 
 def main(argv: list[str] | None = None) -> str:
+    from digirl_lite.envs.sim.demos import sim_corpus
     from digirl_lite.policy.tiny_vlm import TINY_VLM, make_tiny_vlm
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -35,7 +36,8 @@ def main(argv: list[str] | None = None) -> str:
         sizes[key] = json.loads(value)
     t0 = time.perf_counter()
     try:
-        out = make_tiny_vlm(args.out, seed=args.seed, **sizes)
+        out = make_tiny_vlm(args.out, seed=args.seed,
+                            corpus=sim_corpus(seed=args.seed, n_demos=20), **sizes)
     except ValueError as e:
         ap.error(str(e))
     from transformers import AutoConfig

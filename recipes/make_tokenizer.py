@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import argparse
 
+from digirl_lite.envs.sim.demos import sim_corpus
 from digirl_lite.paths import data_dir
-from digirl_lite.policy.tokenizer import sim_corpus, train_sim_tokenizer
+from digirl_lite.policy.tokenizer import train_sim_tokenizer
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -23,7 +23,7 @@ import numpy as np
 from digirl_lite import filters
 from digirl_lite.data import ReplayBuffer, TrajectoryStore, load_trajectories
 from digirl_lite.data.released import export_released
-from digirl_lite.rollout.pile import generate_pile
+from digirl_lite.envs.sim.demos import generate_pile
 
 
 def main(argv: list[str] | None = None) -> dict:

@@ -72,9 +72,11 @@ def main(argv: list[str] | None = None) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     model = args.model
     if args.tiny:
+        from digirl_lite.envs.sim.demos import sim_corpus
         from digirl_lite.policy.tiny_vlm import make_tiny_chat_lm
 
-        model = str(make_tiny_chat_lm(out / "tiny_model", seed=args.seed))
+        model = str(make_tiny_chat_lm(out / "tiny_model", seed=args.seed,
+                                      corpus=sim_corpus(seed=args.seed, n_demos=20)))
     elif not Path(model).expanduser().is_dir():
         raise SystemExit(f"--model {model!r} is not a directory (nothing is downloaded: give a "
                          "local checkpoint)")

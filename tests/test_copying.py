@@ -157,10 +157,10 @@ def test_shipped_policy_types_spans_and_is_untouched_elsewhere(shipped):
     sampled: with ``copy_text`` every TYPE is a span of its goal; every row whose unmasked
     draw (same per-row stream) is not a TYPE is drawn the same with the mask (it binds only
     inside a typed text)."""
+    from digirl_lite.envs.sim.demos import generate_demos
     from digirl_lite.envs.sim.phrasings import HELD_OUT_PHRASINGS, rephrase
     from digirl_lite.envs.sim.tasks import parse_task
     from digirl_lite.prompts import task_from_prompt
-    from digirl_lite.rollout.pile import generate_demos
     from digirl_lite.vision.sim_encoder import SimScreenEncoder
 
     trajs, screens, _ = generate_demos("webshop", n=8, seed=0)
@@ -200,9 +200,9 @@ def test_on_policy_updates_score_under_the_sampling_masks(shipped, constrained, 
     its KL to the sampler 0; scored without the masks, the ratios leave 1 (what the config
     refused before the scoring put them again)."""
 
+    from digirl_lite.envs.sim.demos import generate_demos
     from digirl_lite.policy.base import Masks
     from digirl_lite.policy.updates import PPOBatch, ppo_update
-    from digirl_lite.rollout.pile import generate_demos
     from digirl_lite.vision.sim_encoder import SimScreenEncoder
 
     trajs, screens, _ = generate_demos("webshop", n=4, seed=0)
@@ -333,9 +333,9 @@ def test_the_agent_keeps_each_episodes_typed_texts(shipped):
     again what the last one typed."""
     from digirl_lite.envs.base import Observation
     from digirl_lite.envs.sim.catalog import SITES
+    from digirl_lite.envs.sim.demos import generate_demos
     from digirl_lite.envs.sim.tasks import parse_task
     from digirl_lite.prompts import task_from_prompt
-    from digirl_lite.rollout.pile import generate_demos
     from digirl_lite.train.trainer import PolicyBatchAgent
     from digirl_lite.vision.cache import FeatureCache
     from digirl_lite.vision.sim_encoder import SimScreenEncoder

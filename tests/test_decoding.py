@@ -28,7 +28,7 @@ def shipped():
 def demo():
     """12 expert steps of simulated Web Shopping: their prompts (of different lengths, so
     the shorter ones are padded) and their screens' features."""
-    from digirl_lite.rollout.pile import generate_demos
+    from digirl_lite.envs.sim.demos import generate_demos
 
     trajs, screens, _ = generate_demos("webshop", n=6, seed=0)
     steps = [s for t in trajs for s in t.steps]

@@ -111,7 +111,8 @@ def test_two_processes_share_the_text_encoding(tmp_path):
 def _spanx_worker(rank: int, out: str) -> None:
     import torch.distributed as tdist
 
-    from digirl_lite.policy.span_extractor import SpanExtractor, extractor_pairs
+    from digirl_lite.envs.sim.drills import extractor_pairs
+    from digirl_lite.policy.span_extractor import SpanExtractor
 
     tdist.init_process_group("gloo", init_method=f"file://{out}/store", rank=rank,
                              world_size=2)

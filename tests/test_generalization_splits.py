@@ -315,7 +315,7 @@ def test_the_general_splits_parse_in_the_test_lists_mix_and_resolve_by_name():
 def test_unseen_names_are_in_no_list_and_no_demonstration_or_drill_writes_them():
     from itertools import islice
 
-    from digirl_lite.rollout.pile import _made_up, _searches, copy_drills, vary_queries
+    from digirl_lite.envs.sim.drills import _made_up, _searches, copy_drills, vary_queries
 
     recipe = _recipe()
     unseen = [n for pool in recipe.UNSEEN_NAMES.values() for n in pool]

@@ -131,12 +131,12 @@ def test_the_main_job_runs_on_cuda_and_its_checkpoint_loads_on_the_cpu(roberta, 
 
 
 def test_a_lora_vlm_trains_in_bf16_on_cuda(roberta, tmp_path):
+    from digirl_lite.envs.sim.demos import generate_demos, sim_corpus
     from digirl_lite.policy.tiny_vlm import make_tiny_vlm
-    from digirl_lite.rollout.pile import generate_demos
     from digirl_lite.train.config import sim_quick
     from digirl_lite.train.trainer import Trainer
 
-    vlm = make_tiny_vlm(tmp_path / "vlm")
+    vlm = make_tiny_vlm(tmp_path / "vlm", corpus=sim_corpus(seed=0, n_demos=20))
     cfg = sim_quick(policy="vlm", policy_path=str(vlm), vlm_dtype="bf16", device="cuda",
                     text_encoder=str(roberta),
                     pile_size=4, eval_tasks=2, iterations=1, rollouts_per_iteration=2,

@@ -13,6 +13,7 @@ from PIL import Image
 
 from digirl_lite.data import ReplayBuffer, Verdict, save_trajectories
 from digirl_lite.envs.sim import SimPhoneEnv, Surprises
+from digirl_lite.envs.sim.demos import generate_pile
 from digirl_lite.envs.sim.oracle import NoisyOracleJudge, OracleJudge
 from digirl_lite.envs.sim.world import Page, PhoneState
 from digirl_lite.judge import (
@@ -31,7 +32,6 @@ from digirl_lite.judge import (
 )
 from digirl_lite.paths import data_dir
 from digirl_lite.rollout import run_episode
-from digirl_lite.rollout.pile import generate_pile
 
 W, H = 1080, 2280
 TASK = "Go to costco.com"

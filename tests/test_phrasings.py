@@ -262,8 +262,8 @@ def test_train_phrasings_wide_reaches_every_use_and_key(tmp_path):
     from itertools import islice
 
     from digirl_lite.envs.setup import task_list
+    from digirl_lite.envs.sim.drills import copy_drills
     from digirl_lite.errors import ConfigError
-    from digirl_lite.rollout.pile import copy_drills
     from digirl_lite.train.config import sim_quick, sim_webshop
     from digirl_lite.train.starting import sft_key
     from digirl_lite.train.trainer import Trainer

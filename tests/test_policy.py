@@ -11,10 +11,11 @@ import torch
 from transformers import T5Config
 
 from digirl_lite.actions import Action, ActionType, format_action, parse_action
+from digirl_lite.envs.sim.demos import sim_corpus
 from digirl_lite.paths import data_dir
 from digirl_lite.policy import AutoUIModel, AutoUIPolicy
 from digirl_lite.policy.policy import REFERENCE_CLAMP
-from digirl_lite.policy.tokenizer import SPTokenizer, sim_corpus, train_sim_tokenizer
+from digirl_lite.policy.tokenizer import SPTokenizer, train_sim_tokenizer
 
 TOK = data_dir() / "tokenizer" / "spiece.model"
 PROMPT = "Previous Actions: Goal: Go to ebay.com</s>"

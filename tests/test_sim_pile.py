@@ -11,8 +11,8 @@ from needs import aitw_file
 
 from digirl_lite.data import Ending, load_trajectories
 from digirl_lite.envs.sim import SimPhoneEnv
+from digirl_lite.envs.sim.demos import generate_demos, generate_pile
 from digirl_lite.rollout import RECORD_SIZE
-from digirl_lite.rollout.pile import generate_demos, generate_pile
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -130,9 +130,9 @@ def test_real_aitw_lists_run_in_the_simulator():
 def test_varied_products_make_new_searchable_tasks():
     """Demonstrations on new products: the quoted product is replaced, the rest of the task
     kept, and the expert still solves them."""
+    from digirl_lite.envs.sim.drills import vary_products
     from digirl_lite.envs.sim.tasks import load_task_file, parse_task
     from digirl_lite.paths import data_dir
-    from digirl_lite.rollout.pile import vary_products
 
     base = load_task_file(data_dir() / "tasks" / "webshop_train.txt")
     varied = vary_products(base, 200, seed=3)
@@ -150,10 +150,10 @@ def test_copy_drills_ask_for_new_products_and_target_them():
     list's), vary, and the stream is reproducible from its seed."""
     from itertools import islice
 
+    from digirl_lite.envs.sim.drills import copy_drills
     from digirl_lite.envs.sim.tasks import load_task_file, parse_task
     from digirl_lite.paths import data_dir
     from digirl_lite.prompts import task_from_prompt
-    from digirl_lite.rollout.pile import copy_drills
 
     drills = list(islice(copy_drills(seed=4), 300))
     assert drills == list(islice(copy_drills(seed=4), 300))
@@ -175,10 +175,10 @@ def test_general_varies_the_names_in_its_searches():
     other tasks are kept, the expert still solves them, and each drill targets its query."""
     from itertools import islice
 
+    from digirl_lite.envs.sim.drills import copy_drills, vary_queries
     from digirl_lite.envs.sim.tasks import load_task_file, parse_task
     from digirl_lite.paths import data_dir
     from digirl_lite.prompts import task_from_prompt
-    from digirl_lite.rollout.pile import copy_drills, vary_queries
 
     base = load_task_file(data_dir() / "tasks" / "general_train.txt")
     varied = vary_queries(base, 200, seed=3)

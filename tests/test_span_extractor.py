@@ -8,7 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from digirl_lite.policy.span_extractor import SpanExtractor, address_spans, extractor_pairs
+from digirl_lite.envs.sim.drills import extractor_pairs
+from digirl_lite.policy.span_extractor import SpanExtractor, address_spans
 
 
 def test_address_spans_are_whole_words():

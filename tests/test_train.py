@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from digirl_lite.data import Ending, load_trajectories
-from digirl_lite.rollout.pile import generate_demos, generate_pile
+from digirl_lite.envs.sim.demos import generate_demos, generate_pile
 from digirl_lite.train.config import DigiRLConfig, sim_quick
 from digirl_lite.train.trainer import Trainer
 
@@ -290,8 +290,8 @@ def test_sft_starts_with_copy_drills_that_teach_copying(tmp_path):
     drills raise the likelihood of copying products the policy never saw."""
     from itertools import islice
 
+    from digirl_lite.envs.sim.drills import copy_drills
     from digirl_lite.policy import AutoUIPolicy
-    from digirl_lite.rollout.pile import copy_drills
 
     cfg = sim_quick(starting_policy="sft", sft_demos=10, sft_copy_updates=25, sft_updates=3,
                     sft_batch=16)

@@ -259,12 +259,13 @@ def test_trls_sft_trainer_trains_a_tiny_qwen2_vl_on_the_actions(pile, tmp_path):
     from transformers import AutoModelForImageTextToText
     from trl import SFTConfig, SFTTrainer
 
+    from digirl_lite.envs.sim.demos import sim_corpus
     from digirl_lite.policy.tiny_vlm import make_tiny_vlm
 
     trajs, screens = pile
     successes = [t for t in trajs if t.is_success]
     ds = to_messages_dataset(successes[:1], screens, image_size=(56, 112))  # 8 tokens a screen
-    directory = make_tiny_vlm(tmp_path / "tiny")
+    directory = make_tiny_vlm(tmp_path / "tiny", corpus=sim_corpus(seed=0, n_demos=20))
     model = AutoModelForImageTextToText.from_pretrained(directory)
     processor = _processor(directory)
     before = {n: w.detach().clone() for n, w in model.named_parameters()}

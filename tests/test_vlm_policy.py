@@ -19,9 +19,11 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="session")
 def tiny_vlm(tmp_path_factory):
+    from digirl_lite.envs.sim.demos import sim_corpus
     from digirl_lite.policy.tiny_vlm import make_tiny_vlm
 
-    return make_tiny_vlm(tmp_path_factory.mktemp("vlm") / "tiny")
+    return make_tiny_vlm(tmp_path_factory.mktemp("vlm") / "tiny",
+                         corpus=sim_corpus(seed=0, n_demos=20))
 
 
 @pytest.fixture(scope="module")
@@ -217,7 +219,7 @@ def test_the_main_job_runs_with_a_vlm_policy(tiny_vlm, tmp_path):
     assert summary["stages"]["online"]["invalid_step_rate"] == 0.0  # constrained decoding
     # a random model never succeeds, so the filters kept nothing to imitate: the Trainer's
     # actor update on the expert's steps instead
-    from digirl_lite.rollout.pile import generate_demos
+    from digirl_lite.envs.sim.demos import generate_demos
 
     demos, screens, _ = generate_demos("webshop", n=2, seed=0)
     t.screens.merge(screens)

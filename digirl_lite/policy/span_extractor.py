@@ -12,7 +12,8 @@ from the simulator's instructions alone stays 10-40 points lower.
 
 :class:`SpanExtractor` is that extractor, part of the agent: start and end classifiers over
 MiniLM's token states, fine-tuned on (instruction, typed text) pairs of the train tasks (never
-a held-out split). Given to the copy mask, it narrows the spans a TYPE may copy to its best
+a held-out split; the simulator's pairs: :func:`digirl_lite.envs.sim.drills.extractor_pairs`).
+Given to the copy mask, it narrows the spans a TYPE may copy to its best
 span (the product) and the instruction's web addresses (what a Web Shopping task types first,
 into the browser's address bar). The policy still decides when to type, which of them, and
 everything else; the mask only removes what the extractor rules out, and never empties a row.
@@ -33,7 +34,7 @@ import torch
 
 from digirl_lite import distributed as dist
 
-__all__ = ["SpanExtractor", "address_spans", "extractor_pairs"]
+__all__ = ["SpanExtractor", "address_spans"]
 
 _ADDRESS = re.compile(r"[a-z0-9][a-z0-9-]*(?:\.[a-z0-9-]+)+")
 _WEIGHTS = "span_extractor.safetensors"
@@ -49,38 +50,6 @@ def address_spans(src: str) -> list[tuple[int, int]]:
         if (s == 0 or not src[s - 1].isalnum()) and (e == len(src) or not src[e].isalnum()):
             out.append((s, e))
     return out
-
-
-def extractor_pairs(world: str, share: float, phrasings: str, seed: int, drills: int
-                    ) -> list[tuple[str, str]]:
-    """What the extractor is trained on: ``world``'s train tasks (``share`` of them written
-    with the train ``phrasings``, as the starting policy reads them) and ``drills`` copy drills
-    (:func:`~digirl_lite.rollout.pile.copy_drills`: made-up products), each with the text its
-    expert types after the address: the product (a General search: its query)."""
-    from itertools import islice
-
-    from digirl_lite.envs.sim.phrasings import TRAIN_PHRASING_SETS, rephrase_tasks
-    from digirl_lite.envs.sim.tasks import UnsupportedTaskError, load_task_file, parse_task
-    from digirl_lite.paths import data_dir
-    from digirl_lite.prompts import task_from_prompt
-    from digirl_lite.rollout.pile import copy_drills
-
-    lines = load_task_file(data_dir() / "tasks" / f"{world}_train.txt")
-    if share:
-        lines = rephrase_tasks(lines, share, seed, TRAIN_PHRASING_SETS[phrasings])
-    pairs = []
-    for line in lines:
-        text = line if isinstance(line, str) else line.text
-        try:
-            q = parse_task(text).query
-        except (UnsupportedTaskError, ValueError):
-            continue
-        if q:
-            pairs.append((text, q))
-    if drills:
-        drill = copy_drills(seed=seed, world=world, phrasing_share=share, phrasings=phrasings)
-        pairs += [(task_from_prompt(p), q) for p, q in islice(drill, drills)]
-    return pairs
 
 
 def _source(text: str) -> str:

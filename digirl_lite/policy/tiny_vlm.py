@@ -6,8 +6,9 @@ token, and a Qwen2 decoder with multimodal rotary positions. :func:`make_tiny_vl
 with the layout ``save_pretrained`` gives a real checkpoint (``config.json``, safetensors,
 tokenizer, processor with its chat template), built entirely offline:
 
-* the tokenizer is a byte-level BPE trained here on the simulator's text
-  (:func:`~digirl_lite.policy.tokenizer.sim_corpus`: instructions, prompts, action strings)
+* the tokenizer is a byte-level BPE trained here on a world's text, given as ``corpus`` (the
+  simulator's: :func:`digirl_lite.envs.sim.demos.sim_corpus`, instructions, prompts, action
+  strings)
   with Qwen2-VL's special tokens (``<|im_start|>``, ``<|im_end|>``, ``<|vision_start|>``,
   ``<|image_pad|>``, ...);
 * the image processor is transformers' ``Qwen2VLImageProcessorPil`` (no torchvision);
@@ -20,6 +21,7 @@ Qwen/Qwen2-VL-2B-Instruct from a local directory, through the Auto classes.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -55,12 +57,12 @@ SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>",
            "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"]
 
 
-def _tokenizer(vocab_size: int, seed: int, special: list[str] = SPECIAL,
+def _tokenizer(vocab_size: int, corpus: Iterable[str], special: list[str] = SPECIAL,
                chat_template: str = CHAT_TEMPLATE, extra_text: tuple[str, ...] = ()):
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import Qwen2TokenizerFast
 
-    from digirl_lite.policy.tokenizer import ACTION_PIECES, COORD_PIECES, sim_corpus
+    from digirl_lite.policy.tokenizer import ACTION_PIECES, COORD_PIECES
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
@@ -68,8 +70,7 @@ def _tokenizer(vocab_size: int, seed: int, special: list[str] = SPECIAL,
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=special,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
                                   show_progress=False)
-    corpus = list(sim_corpus(seed=seed, n_demos=20)) + list(extra_text)
-    tok.train_from_iterator(corpus, trainer=trainer)
+    tok.train_from_iterator(list(corpus) + list(extra_text), trainer=trainer)
     # the action format's pieces and every 4-decimal coordinate as one token each, as in
     # the Auto-UI preset's tokenizer: a tap is then ~13 tokens to write, not ~56
     tok.add_tokens([AddedToken(p, normalized=False) for p in ACTION_PIECES + COORD_PIECES])
@@ -87,13 +88,15 @@ QWEN3_SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<tool_call>", "
                  "<tool_response>", "</tool_response>", "<think>", "</think>"]
 
 
-def make_tiny_chat_lm(out: str | Path, seed: int = 0, **overrides: Any) -> Path:
+def make_tiny_chat_lm(out: str | Path, seed: int = 0, *, corpus: Iterable[str],
+                      **overrides: Any) -> Path:
     """Write a tiny random Qwen3 causal LM (:data:`TINY_LM`, with ``overrides``) whose
     tokenizer carries Qwen3's chat template with tool calling (TRL's copy of it,
     ``trl.chat_template_utils.qwen3_chat_template``, so TRL's GRPOTrainer parses its tool
     calls as it does Qwen3's) into ``out``; returns the directory. Offline and deterministic
     in ``seed``: the model TRL recipes and tests run at tiny size (it writes noise; the point
-    is the plumbing)."""
+    is the plumbing). ``corpus``: the lines its tokenizer is trained on (the simulator's:
+    ``sim_corpus(seed=seed, n_demos=20)`` of :mod:`digirl_lite.envs.sim.demos`)."""
     import torch
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
@@ -108,7 +111,7 @@ def make_tiny_chat_lm(out: str | Path, seed: int = 0, **overrides: Any) -> Path:
         raise ValueError(f"unknown tiny LM sizes {sorted(unknown)} (known: {sorted(TINY_LM)})")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    tok = _tokenizer(s["vocab_size"], seed, QWEN3_SPECIAL, qwen3_chat_template,
+    tok = _tokenizer(s["vocab_size"], corpus, QWEN3_SPECIAL, qwen3_chat_template,
                      extra_text=(qwen3_chat_template,))
     ids = {t: tok.convert_tokens_to_ids(t) for t in QWEN3_SPECIAL}
     config = Qwen3Config(vocab_size=len(tok), hidden_size=s["hidden_size"],
@@ -132,10 +135,13 @@ def make_tiny_chat_lm(out: str | Path, seed: int = 0, **overrides: Any) -> Path:
     return out
 
 
-def make_tiny_vlm(out: str | Path, seed: int = 0, **overrides: Any) -> Path:
+def make_tiny_vlm(out: str | Path, seed: int = 0, *, corpus: Iterable[str],
+                  **overrides: Any) -> Path:
     """Write a tiny random Qwen2-VL (:data:`TINY_VLM`, with ``overrides``) with its tokenizer
     and processor into ``out``; returns the directory. Offline and deterministic in
-    ``seed`` (a few seconds)."""
+    ``seed`` and ``corpus`` (the lines its tokenizer is trained on; the simulator's:
+    ``sim_corpus(seed=seed, n_demos=20)`` of :mod:`digirl_lite.envs.sim.demos`), a few
+    seconds."""
     import torch
     from transformers import (
         Qwen2VLConfig,
@@ -149,7 +155,7 @@ def make_tiny_vlm(out: str | Path, seed: int = 0, **overrides: Any) -> Path:
         raise ValueError(f"unknown tiny VLM sizes {sorted(unknown)} (known: {sorted(TINY_VLM)})")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    tok = _tokenizer(s["vocab_size"], seed)
+    tok = _tokenizer(s["vocab_size"], corpus)
     ids = {t: tok.convert_tokens_to_ids(t) for t in SPECIAL}
     head_dim = s["hidden_size"] // s["num_attention_heads"]
     config = Qwen2VLConfig(

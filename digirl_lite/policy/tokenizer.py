@@ -7,7 +7,9 @@ halves training time (shared/notes/MEASURED.md). Encoding and decoding go throug
 sentencepiece itself (no extra whitespace around user-defined pieces, an exact round trip)
 with T5's special ids: pad 0, eos 1, unk 2.
 
-Real Auto-UI checkpoints bring their own tokenizer (:class:`HFTokenizer` wraps it).
+It is trained on a world's text, given as lines (the simulator's:
+:func:`digirl_lite.envs.sim.demos.sim_corpus`). Real Auto-UI checkpoints bring their own
+tokenizer (:class:`HFTokenizer` wraps it).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 __all__ = ["ACTION_PIECES", "SPTokenizer", "HFTokenizer", "train_sim_tokenizer",
-           "sim_corpus", "SIM_TOKENIZER_FILE"]
+           "SIM_TOKENIZER_FILE"]
 
 PAD_ID, EOS_ID, UNK_ID = 0, 1, 2
 SIM_TOKENIZER_FILE = "spiece.model"
@@ -167,24 +169,6 @@ class HFTokenizer:
 
     def save(self, directory: str | Path) -> None:
         self.tok.save_pretrained(str(directory))
-
-
-def sim_corpus(seed: int = 0, n_demos: int = 300) -> list[str]:
-    """Text the simulator's policy reads and writes: train instructions, prompts and the
-    expert's action strings (clean demonstrations on both task sets)."""
-    from digirl_lite.envs.sim.tasks import load_task_file
-    from digirl_lite.paths import data_dir
-    from digirl_lite.rollout.pile import generate_demos
-
-    lines: list[str] = []
-    for world in ("webshop", "general"):
-        lines += load_task_file(data_dir() / "tasks" / f"{world}_train.txt")
-        trajs, _, _ = generate_demos(world, n=n_demos, seed=seed)
-        for t in trajs:
-            for s in t.steps:
-                lines.append(s.prompt)
-                lines.append(s.action_text)
-    return lines
 
 
 def train_sim_tokenizer(lines: Sequence[str], vocab_size: int = 11_000,

@@ -39,8 +39,9 @@ def span_extractor(cfg: Any, *, cache_dir: Path | None,
     calls it at the same point: they fine-tune it together (each a share of every batch,
     gradients averaged) and process 0 saves it."""
     from digirl_lite import distributed as dist
+    from digirl_lite.envs.sim.drills import extractor_pairs
     from digirl_lite.paths import content_key
-    from digirl_lite.policy.span_extractor import SpanExtractor, extractor_pairs
+    from digirl_lite.policy.span_extractor import SpanExtractor
 
     c = cfg
     share = c.sft_phrasing_share
@@ -67,7 +68,7 @@ def span_extractor(cfg: Any, *, cache_dir: Path | None,
 
 def demo_phone(cfg: Any) -> dict[str, Any]:
     """The phone the demonstrations are recorded on (``sft_phone``), as
-    :func:`~digirl_lite.rollout.pile.generate_demos` arguments: "older", the defaults of
+    :func:`~digirl_lite.envs.sim.demos.generate_demos` arguments: "older", the defaults of
     day 1 and its older layout (nothing of ``sim_surprises``); "live", the run's day,
     surprises and layout (``sim_layout``)."""
     if cfg.sft_phone == "older":
@@ -197,16 +198,17 @@ def train_sft(cfg: Any, features: Any, *, device: Any = "cpu", process_index: in
               accelerator: Any = None, log: Callable[..., None] = lambda **kw: None,
               bar: Callable[[int, str], Any] | None = None):
     """The starting policy from fresh preset weights: ``sft_copy_updates`` copy drills
-    (:func:`~digirl_lite.rollout.pile.copy_drills`: the copying a pre-trained T5 brings),
+    (:func:`~digirl_lite.envs.sim.drills.copy_drills`: the copying a pre-trained T5 brings),
     then supervised fine-tuning on the expert's demonstrations, with a share
     ``sft_copy_share`` of drills in every batch."""
     import contextlib
 
     import torch
 
+    from digirl_lite.envs.sim.demos import generate_demos
+    from digirl_lite.envs.sim.drills import copy_drills
     from digirl_lite.policy.factory import fresh_policy
     from digirl_lite.policy.updates import steps_to_batch, text_mle_update
-    from digirl_lite.rollout.pile import copy_drills, generate_demos
 
     c = cfg
     demos, dscreens, _ = generate_demos(c.world, n=c.sft_demos, seed=c.sft_seed,
