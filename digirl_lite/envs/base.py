@@ -23,13 +23,14 @@ episode's last step (``digirl_lite.rollout.episode.EpisodeRecorder``).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:  # pragma: no cover
     from PIL import Image
 
-__all__ = ["Observation", "Env", "TRUNCATION_BUDGET", "TRUNCATION_INFRA"]
+__all__ = ["Observation", "Env", "WorldInfo", "TRUNCATION_BUDGET", "TRUNCATION_INFRA"]
 
 TRUNCATION_BUDGET = "budget"
 TRUNCATION_INFRA = "infrastructure"
@@ -71,3 +72,35 @@ class Env(Protocol):
     def step(self, action_text: str) -> tuple[Observation, float, bool, bool, dict]: ...
 
     def close(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class WorldInfo:
+    """What a trainer needs to know of a run's world, beyond its phones: given by the env
+    factory (:func:`digirl_lite.envs.setup.world_info`) and filled in by the world itself
+    (the simulator: :mod:`digirl_lite.envs.sim.info`; Android:
+    :mod:`digirl_lite.envs.android.info`), so the trainer imports neither."""
+
+    env: str
+    """The config's ``env`` it describes ("sim", "android")."""
+    pile_key: tuple[Any, ...]
+    """The world's entries in the pile's cache key, in order (the run's own settings come
+    before and after them): every world setting that changes what a pile holds."""
+    feature_dim: int | None
+    """The width of the screen features the world's screens are encoded to for policies
+    that read screenshots (the critics' input); None: the image encoder's own default."""
+    drift: bool
+    """Whether the world has drift days (:meth:`reset_options`, :meth:`day`)."""
+
+    def reset_options(self, day: int) -> dict[str, Any]:
+        """The reset options that put a phone on drift ``day`` (``{"day": day}``); ``{}``
+        for a world without days."""
+        return {"day": day} if self.drift else {}
+
+    def day(self, first: int, per_iteration: float, iterations: int) -> int:
+        """The phone's drift day after ``iterations`` online iterations (none before the
+        first: the pile's -1 counts as 0): ``first + floor(iterations * per_iteration)``; a
+        world without days stays on ``first``."""
+        if not self.drift:
+            return first
+        return first + math.floor(max(iterations, 0) * per_iteration + 1e-9)

@@ -20,17 +20,31 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from digirl_lite.envs.base import WorldInfo
 from digirl_lite.errors import ConfigError
 
 __all__ = ["AndroidPlan", "Phones", "android_plan", "make_phones", "task_list",
            "split_path", "split_name", "split_task_list", "EndpointEnvFactory",
-           "WORLD_HORIZON"]
+           "WORLD_HORIZON", "WorldInfo", "world_info"]
 
 log = logging.getLogger("digirl_lite.envs")
 
 WORLD_HORIZON = {"webshop": 20, "general": 10}
 """The paper's step budget H per task set."""
 _RESETS = ("home", "task", "snapshot")
+
+
+def world_info(cfg: Any) -> WorldInfo:
+    """What the trainer needs of the run's world (``env``): its drift days' reset options,
+    its entries in the pile's cache key and its screen features' width
+    (:class:`~digirl_lite.envs.base.WorldInfo`), filled in by the world."""
+    if cfg.env == "sim":
+        from digirl_lite.envs.sim.info import world_info as sim_info
+
+        return sim_info(cfg)
+    from digirl_lite.envs.android.info import world_info as android_info
+
+    return android_info(cfg)
 
 
 def _fields(cls) -> set[str]:
