@@ -11,6 +11,7 @@ an older phone practises on today's) on a small budget; ``--config`` for another
     python recipes/offline_to_online.py --resume --out runs/webshop   # after a crash or kill
     python recipes/offline_to_online.py --filtered-bc         # Filtered BC alongside
     python recipes/offline_to_online.py --processes 1         # one process (default: 2 on 2+ CPUs)
+    python recipes/offline_to_online.py --quick --print-config   # the effective config, as JSON
 
 Writes to --out: metrics.jsonl, summary.json (held-out success and mean episode length of
 each stage: copier, offline, online), learning_curve.png, store/ (every trajectory) and
@@ -28,6 +29,7 @@ from digirl_lite.train.cli import (
     add_processes_argument,
     cache_dir_of,
     config_from_args,
+    config_json,
     default_processes,
     launch_processes,
     print_table,
@@ -49,10 +51,16 @@ def main(argv: list[str] | None = None) -> dict:
                     help="with --resume: go on under a config that differs from the run's")
     ap.add_argument("--filtered-bc", action="store_true",
                     help="also run Filtered BC on the same budget (in OUT/filtered_bc)")
+    ap.add_argument("--print-config", action="store_true",
+                    help="print the effective config (after --config, --quick, --world, "
+                         "--seed, --set) as JSON and exit without building anything")
     add_processes_argument(ap)
     args = ap.parse_args(argv)
     # a config that cannot run fails here, before any launch
     cfg = config_from_args(args, default_config=MAIN_CONFIG)
+    if args.print_config:
+        print(config_json(cfg))
+        return {}
     n, why = args.processes, ""
     if n is None:  # not given: as the run being resumed ran, else where 2 measured faster
         ran_on = processes_of_run(args.out) if args.resume else None

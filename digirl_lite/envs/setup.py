@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +27,7 @@ from digirl_lite.errors import ConfigError
 
 __all__ = ["AndroidPlan", "Phones", "android_plan", "make_phones", "task_list",
            "split_path", "split_name", "split_task_list", "EndpointEnvFactory",
-           "WORLD_HORIZON", "WorldInfo", "world_info"]
+           "WORLD_HORIZON", "SimOptions", "sim_options", "WorldInfo", "world_info"]
 
 log = logging.getLogger("digirl_lite.envs")
 
@@ -45,6 +47,32 @@ def world_info(cfg: Any) -> WorldInfo:
     from digirl_lite.envs.android.info import world_info as android_info
 
     return android_info(cfg)
+
+
+@dataclass(frozen=True)
+class SimOptions:
+    """What a config may name of the simulated phone (``env`` "sim"), filled in by the
+    simulator (:func:`digirl_lite.envs.sim.options.options`): the config checks its fields
+    against these through the factory (:func:`sim_options`), not the simulator."""
+
+    phrasing_sets: tuple[str, ...]
+    """The train phrasing sets (``train_phrasings``, ``typed_span_phrasings``)."""
+    layouts: tuple[str, ...]
+    """The dialog layouts ``sim_layout`` may name, the first the default."""
+    surprises: tuple[str, ...]
+    """The surprise names ``sim_surprises`` may set."""
+    faults: tuple[str, ...]
+    """The infrastructure fault names ``sim_faults`` may set."""
+    check_faults: Callable[[dict[str, float]], None]
+    """Raises TypeError or ValueError for ``sim_faults`` values the simulator refuses."""
+
+
+@cache
+def sim_options() -> SimOptions:
+    """The simulated phone's :class:`SimOptions` (imports the simulator on first use)."""
+    from digirl_lite.envs.sim.options import options
+
+    return options()
 
 
 def _fields(cls) -> set[str]:

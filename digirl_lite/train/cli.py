@@ -18,7 +18,8 @@ from typing import Any
 
 from digirl_lite.train.config import ConfigError, load_config, sim_quick, sim_webshop
 
-__all__ = ["run_parser", "config_from_args", "cache_dir_of", "print_table", "SPLIT_FIELDS",
+__all__ = ["run_parser", "config_from_args", "config_json", "cache_dir_of", "print_table",
+           "SPLIT_FIELDS",
            "per_process", "launch_processes", "add_processes_argument",
            "default_processes", "usable_cpus", "threads_per_process",
            "processes_of_run"]
@@ -168,6 +169,14 @@ def config_from_args(args: argparse.Namespace, default_config: str | Path | None
         return _share(cfg, args)
     except (ConfigError, TypeError, ValueError) as e:
         raise SystemExit(f"bad configuration: {e}") from None
+
+
+def config_json(cfg) -> str:
+    """``cfg`` as the JSON a run saves of it (``--print-config``): every field, credentials
+    redacted (:func:`~digirl_lite.redaction.redact`)."""
+    from digirl_lite.redaction import redact
+
+    return json.dumps(redact(json.loads(json.dumps(cfg.as_dict(), default=str))), indent=2)
 
 
 def _share(cfg, args: argparse.Namespace):
