@@ -32,7 +32,7 @@ class LearningConfig:
     critic_updates: int = 5
     """Updates of each critic per iteration on the raw buffer (paper: 5)."""
     critic_batch: int = 128
-    """Trajectories (instruction critic) or steps (step critic) per critic update."""
+    """Steps per step-critic minibatch (the instruction critic takes every task at once)."""
     critic_lr: float = 1e-4
     """The critics' learning rate (released code: 1e-4; the simulator preset: 1e-3)."""
     critic_loss: str = "ce"
@@ -60,8 +60,8 @@ class LearningConfig:
     actor_batch: int = 128
     """Steps per actor update (paper: 128)."""
     actor_lr: float | None = None
-    """The actor's learning rate; None: the algorithm's own (:meth:`~digirl_lite.train.config.
-    DigiRLConfig.resolved`): 1e-4 (the paper's) for DigiRL, Filtered BC, AWR; 1e-5 for PPO, GRPO."""
+    """The actor's learning rate; None: the algorithm's own (``cfg.resolved("actor_lr")``):
+    the paper's 1e-4 for DigiRL, Filtered BC and AWR, 1e-5 for PPO and GRPO."""
     actor_grad_clip: float = 0.01
     """Gradient-norm cap (paper: 0.01)."""
     actor_precision: str = "fp32"

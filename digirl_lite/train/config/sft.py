@@ -49,14 +49,14 @@ class StartingPolicyConfig:
     """Share of the Web Shopping demonstrations and copy drills written with the train
     phrasings (``train_phrasings``); 0: AitW's one phrasing."""
     sft_copy_updates: int = 1500
-    """Copy drills before SFT (batch ``sft_batch``; :func:`digirl_lite.rollout.pile.
-    copy_drills`), standing in for a real Auto-UI's pre-training. 0: none."""
+    """Copy drills before SFT (batch ``sft_batch``; :func:`~digirl_lite.rollout.pile.copy_drills`),
+    standing in for a real Auto-UI's pre-training. 0: none."""
     sft_copy_share: float = 0.25
     """Share of each SFT batch that is copy drills, so the skill survives SFT."""
     sft_updates: int = 1500
     """SFT updates (batch ``sft_batch``); enough for the tiny preset to copy the expert."""
     sft_batch: int = 64
-    """Demonstration steps per SFT update."""
+    """Rows per SFT update (demonstration steps and copy drills)."""
     sft_lr: float = 1e-3
     """SFT's learning rate, with 50 warm-up updates and gradient clipping at 1.0."""
 
