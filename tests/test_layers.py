@@ -72,8 +72,6 @@ NOT_YET_BEHIND_THE_FACTORY: dict[str, str] = {
     # sim_options). A new such import anywhere else fails test_every_import_goes_down_the_layers.
     "digirl_lite/train/starting.py": "the SFT copier's demonstrations, drills, Surprises",
     "digirl_lite/vision/sim_probes.py": "probes of the sim encoder on the simulator's screens",
-    "digirl_lite/envs/sim/options.py": "imports SimOptions from the factory (envs/setup.py); "
-                                       "it can move to envs/base.py beside WorldInfo",
 }
 """Imports that go up past the simulator, allowed for now (the trainer is wired to the env
 factory after it is split; empty the train/ entries then)."""

@@ -24,13 +24,15 @@ episode's last step (``digirl_lite.rollout.episode.EpisodeRecorder``).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:  # pragma: no cover
     from PIL import Image
 
-__all__ = ["Observation", "Env", "WorldInfo", "TRUNCATION_BUDGET", "TRUNCATION_INFRA"]
+__all__ = ["Observation", "Env", "WorldInfo", "SimOptions", "TRUNCATION_BUDGET",
+           "TRUNCATION_INFRA"]
 
 TRUNCATION_BUDGET = "budget"
 TRUNCATION_INFRA = "infrastructure"
@@ -104,3 +106,21 @@ class WorldInfo:
         if not self.drift:
             return first
         return first + math.floor(max(iterations, 0) * per_iteration + 1e-9)
+
+
+@dataclass(frozen=True)
+class SimOptions:
+    """What a config may name of the simulated phone (``env`` "sim"): given by the env
+    factory (:func:`digirl_lite.envs.setup.sim_options`) and filled in by the simulator
+    (:func:`digirl_lite.envs.sim.options.options`), so the config imports neither."""
+
+    phrasing_sets: tuple[str, ...]
+    """The train phrasing sets (``train_phrasings``, ``typed_span_phrasings``)."""
+    layouts: tuple[str, ...]
+    """The dialog layouts ``sim_layout`` may name, the first the default."""
+    surprises: tuple[str, ...]
+    """The surprise names ``sim_surprises`` may set."""
+    faults: tuple[str, ...]
+    """The infrastructure fault names ``sim_faults`` may set."""
+    check_faults: Callable[[dict[str, float]], None]
+    """Raises TypeError or ValueError for ``sim_faults`` values the simulator refuses."""

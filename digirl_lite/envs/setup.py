@@ -16,13 +16,12 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 from typing import Any
 
-from digirl_lite.envs.base import WorldInfo
+from digirl_lite.envs.base import SimOptions, WorldInfo
 from digirl_lite.errors import ConfigError
 
 __all__ = ["AndroidPlan", "Phones", "android_plan", "make_phones", "task_list",
@@ -47,24 +46,6 @@ def world_info(cfg: Any) -> WorldInfo:
     from digirl_lite.envs.android.info import world_info as android_info
 
     return android_info(cfg)
-
-
-@dataclass(frozen=True)
-class SimOptions:
-    """What a config may name of the simulated phone (``env`` "sim"), filled in by the
-    simulator (:func:`digirl_lite.envs.sim.options.options`): the config checks its fields
-    against these through the factory (:func:`sim_options`), not the simulator."""
-
-    phrasing_sets: tuple[str, ...]
-    """The train phrasing sets (``train_phrasings``, ``typed_span_phrasings``)."""
-    layouts: tuple[str, ...]
-    """The dialog layouts ``sim_layout`` may name, the first the default."""
-    surprises: tuple[str, ...]
-    """The surprise names ``sim_surprises`` may set."""
-    faults: tuple[str, ...]
-    """The infrastructure fault names ``sim_faults`` may set."""
-    check_faults: Callable[[dict[str, float]], None]
-    """Raises TypeError or ValueError for ``sim_faults`` values the simulator refuses."""
 
 
 @cache

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import fields
 
-from digirl_lite.envs.setup import SimOptions
+from digirl_lite.envs.base import SimOptions
 from digirl_lite.envs.sim.env import Faults
 from digirl_lite.envs.sim.phrasings import TRAIN_PHRASING_SETS
 from digirl_lite.envs.sim.state import LAYOUTS, Surprises
