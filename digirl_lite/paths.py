@@ -44,16 +44,28 @@ def content_key(*parts: object) -> str:
                            digest_size=6).hexdigest()
 
 
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` all at once (a temporary file, fsynced, then renamed)."""
-    import tempfile
+def atomic_write_text(path: str | Path, text: str) -> None:
+    """Write ``text`` to ``path`` all at once, in UTF-8 whatever the locale: a temporary file
+    of its own name in the same folder (``.<name>.<pid>.<random>.tmp``), fsynced, then
+    renamed over ``path``. A reader sees the old content or the new, never a part; on any
+    error (a text that does not encode, a full disk, an interrupt) the temporary file is
+    removed, ``path`` is left as it was and the error is raised. The file gets the
+    permissions ``open()`` would give it (0o666 less the umask), not a temporary file's
+    0o600."""
+    import secrets
 
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}-")
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    path = Path(path)
+    tmp = path.parent / f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    try:
+        with open(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def user_cache_dir() -> Path:
