@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from digirl_lite.actions import Action, ActionType, parse_action
+from digirl_lite.actions import Action, parse_action
 from digirl_lite.filters import GAMMA, mc_returns
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -241,10 +241,6 @@ class Trajectory:
         cur = [s.screen_id for s in self.steps] + [self.steps[-1].next_screen_id]
         prev = [cur[0]] + cur[:-1]
         return prev, cur
-
-    @property
-    def last_action_type(self) -> ActionType | None:
-        return self.steps[-1].action.action_type if self.steps else None
 
 
 # ----------------------------------------------------------------------------------------

@@ -492,9 +492,6 @@ class TrajectoryStore:
             screens.offload(loaders)
         return name
 
-    def _known_traj_ids(self) -> set[str]:
-        return set(self._ids().traj_ids)
-
     # -- reading ------------------------------------------------------------------------
     def _load_table(self, shard: str, table: str):
         ds = _datasets()

@@ -53,9 +53,6 @@ class Outcome:
     def infra(self) -> bool:
         return self.success is None
 
-    def evidence_steps(self) -> tuple[EvidenceStep, ...]:
-        return tuple(EvidenceStep(**s) for s in self.trace)
-
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Outcome:
         return cls(**d)
