@@ -444,6 +444,153 @@ def test_the_loop_hands_the_proposer_only_the_kinds_asked_for(tmp_path, evidence
         DarwinX(runner, proposer, T, tmp_path / "x", evidence=("failures",))
 
 
+# ---------------------------------------------------------------------------------------
+# GEPA's adapter, its merge step and errors in DarwinX's hooks
+# ---------------------------------------------------------------------------------------
+def test_evidence_round_trips_through_its_record():
+    from digirl_lite.harness.evidence import Evidence, EvidenceStep
+
+    step = EvidenceStep(2, "[a] A", "tap", "rule", False, False, {"id": "a", "text": "A"})
+    e = Evidence("teacher", "t1", (step,), (step, step), at=1, theme="stuck", summary="s")
+    assert Evidence.from_dict(json.loads(json.dumps(e.as_dict()))) == e
+
+
+def test_gepa_s_reflective_dataset_is_the_evidence_the_proposer_reads(tmp_path):
+    """``make_reflective_dataset`` returns the evidence in GEPA's shape (component -> JSON
+    records); ``propose_new_texts`` reads the evidence from the dataset it is given."""
+    from digirl_lite.harness.darwinx import EvoItem, HarnessAdapter
+    from digirl_lite.harness.runner import evidence_from
+
+    class Reading(Sequence):
+        def propose(self, components, evidence, memory):
+            self.read = list(evidence)
+            return super().propose(components, evidence, memory)
+
+    runner = TeacherTableRunner()
+    proposer = Reading([rules("r-t2-3")])
+    parent = Harness().extend([rules("r-t1-3")])  # solves t1, never t2-t5
+    loop = DarwinX(runner, proposer, T, tmp_path, base=parent.components)
+    loop.archive.add(Node(id="n0000", parent=None, generation=0, harness=parent.as_dict(),
+                          candidate=parent.id, kind="root"))
+    adapter = HarnessAdapter(loop)
+    batch = adapter.evaluate([EvoItem(t, 3, 1_000_000) for t in T], parent.components,
+                             capture_traces=True)
+    comps = list(parent.components)
+    ds = adapter.make_reflective_dataset(parent.components, batch, comps)
+    assert list(ds) == comps and all(ds[c] == ds[comps[0]] for c in comps)
+    assert json.loads(json.dumps(ds)) == ds  # JSON records, as GEPA's protocol asks
+    outs = [o for traj in batch.trajectories for o in traj]
+    teacher = [o for t in ("t2", "t3", "t4", "t5") for o in runner.run_teacher(
+        [t], next(o.seed for o in outs if o.task == t))]
+    want = [e.as_dict() for e in evidence_from(outs, teacher)]
+    assert ds[comps[0]] == want and {r["kind"] for r in want} == {"failure", "teacher", "self"}
+    # the proposer reads what the dataset holds: here its teacher records only
+    only = {c: [r for r in ds[c] if r["kind"] == "teacher"] for c in comps}
+    child = adapter.propose_new_texts(parent.components, only, comps)
+    assert [e.as_dict() for e in proposer.read] == only[comps[0]]
+    assert child == parent.extend([rules("r-t2-3")]).components
+    assert loop.memory.themes  # the evidence's failure themes reached the memory
+
+
+def test_the_merge_step_is_handed_to_gepa_s_engine_not_patched_into_gepa(tmp_path):
+    import gepa.api
+    from gepa.proposer.merge import MergeProposer
+
+    unpatched: list[bool] = []
+    steps = [rules("r-t2-3"), rules("r-t3-3"), rules("r-t4-3"), rules("r-t5-3"), rules("noop")]
+    loop = DarwinX(TableRunner(), Sequence(steps), T, tmp_path, budget=200, k_screen=3,
+                   k_confirm=3, delta=0.5, beta=1.0, probe_k=3, seed=0,
+                   base=Harness().extend([rules("r-t1-3")]).components, merges=3,
+                   on_generation=lambda line: unpatched.append(
+                       gepa.api.MergeProposer is MergeProposer))
+    archive = loop.run()
+    assert any(n.kind == "merge" and n.accepted for n in archive.nodes)
+    assert unpatched and all(unpatched)
+
+
+class _Hung(BaseException):
+    """Raised by the alarm: GEPA catches Exception, not this."""
+
+
+@pytest.mark.parametrize("where", ["proposer", "teacher"])
+def test_an_error_in_darwinx_s_hooks_stops_the_run_and_is_raised(tmp_path, where):
+    """GEPA logs an exception from ``make_reflective_dataset`` or ``propose_new_texts`` and
+    tries again at its next iteration: an error that stays would loop for ever. The loop
+    stops on it and raises it, the archive saved with the reason."""
+
+    class DownTeacher(TeacherTableRunner):
+        def run_teacher(self, tasks, seed):
+            raise ConnectionError("the teacher's fleet is down")
+
+    runner = DownTeacher() if where == "teacher" else TableRunner()
+    steps = [rules("r-t2-3"), RuntimeError("a bug in the proposer")]
+    loop = DarwinX(runner, Sequence(steps), T, tmp_path, budget=200, k_screen=3, k_confirm=3,
+                   beta=0.0, probe_k=3, seed=0,
+                   base=Harness().extend([rules("r-t1-3")]).components)
+
+    def hung(*a):
+        raise _Hung("the loop did not stop")
+
+    old = signal.signal(signal.SIGALRM, hung)
+    signal.alarm(120)
+    try:
+        with pytest.raises((RuntimeError, ConnectionError)) as e:
+            loop.run()
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+    assert str(e.value) == ("a bug in the proposer" if where == "proposer"
+                            else "the teacher's fleet is down")
+    saved = json.loads((tmp_path / "archive.json").read_text())
+    assert saved["stopped"].startswith("error: ") and str(e.value) in saved["stopped"]
+    assert len(saved["nodes"]) == (2 if where == "proposer" else 1)
+
+
+def test_an_archive_save_is_atomic_and_fsynced(tmp_path, monkeypatch):
+    from digirl_lite import paths
+
+    a = Archive([Node(id="n0000", parent=None, generation=0, harness={})])
+    a.save(tmp_path / "archive.json", budget=1)
+    assert Archive.load(tmp_path / "archive.json").nodes == a.nodes
+    synced: list[int] = []
+    monkeypatch.setattr(paths.os, "fsync", lambda fd: synced.append(fd))
+    a.add(Node(id="n0001", parent="n0000", generation=1, harness={}))
+    a.save(tmp_path / "archive.json")
+    assert synced  # on disk before it replaces the old archive
+
+    def full(fd):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(paths.os, "fsync", full)
+    a.add(Node(id="n0002", parent="n0001", generation=2, harness={}))
+    with pytest.raises(OSError):
+        a.save(tmp_path / "archive.json")
+    monkeypatch.undo()
+    assert os.listdir(tmp_path) == ["archive.json"]  # no temporary file left
+    assert [n.id for n in Archive.load(tmp_path / "archive.json").nodes] == ["n0000", "n0001"]
+
+
+def test_drawing_the_lineage_leaves_the_process_s_matplotlib_backend_alone(tmp_path,
+                                                                           monkeypatch):
+    """A notebook's inline backend stays after a run draws lineage.png (no pyplot, no
+    ``matplotlib.use``)."""
+    import matplotlib
+
+    from digirl_lite.harness.evolve import _draw
+
+    inline = "module://matplotlib_inline.backend_inline"
+    monkeypatch.setitem(matplotlib.rcParams, "backend", inline)
+    a = Archive([Node(id="n0000", parent=None, generation=0, harness={}, kind="root"),
+                 Node(id="n0001", parent="n0000", generation=1, harness={}, kind="improver"),
+                 Node(id="n0002", parent="n0000", generation=2, harness={}, accepted=False,
+                      kind="archived")])
+    gens = [{"generation": 1, "screen_mean": 0.4, "accepted": True},
+            {"generation": 2, "screen_mean": 0.2, "accepted": False}]
+    _draw(a, tmp_path / "lineage.png", gens)
+    assert matplotlib.get_backend() == inline
+    assert (tmp_path / "lineage.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
 def test_the_evidence_field_by_config_and_on_the_recipe_s_command_line():
     from digirl_lite.errors import ConfigError
     from digirl_lite.harness.evolve import EvolveConfig, run_label

@@ -34,9 +34,9 @@ GEPA's own pickled state is not used (nothing here loads a pickle).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
-import os
 import random
 import time
 from collections.abc import Callable, Sequence
@@ -44,7 +44,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from digirl_lite.harness.evidence import EVIDENCE_KINDS, Memory, ProposalError, Proposer
+from digirl_lite.harness.evidence import (
+    EVIDENCE_KINDS,
+    Evidence,
+    Memory,
+    ProposalError,
+    Proposer,
+)
 from digirl_lite.harness.harness import (
     AGENT_COMPONENTS,
     H0_COMPONENTS,
@@ -55,6 +61,7 @@ from digirl_lite.harness.harness import (
     check_readable,
 )
 from digirl_lite.harness.runner import HarnessRunner, Outcome, evidence_from
+from digirl_lite.paths import atomic_write_text
 
 __all__ = ["gate", "GateResult", "solved_set", "classify", "Node", "Archive", "select_parent",
            "DarwinX", "DarwinGate", "LineageSelector", "HarnessAdapter", "merge", "merge_harness",
@@ -192,11 +199,8 @@ class Archive:
         return [n for n in self.nodes if n.accepted]
 
     def save(self, path: str | Path, **extra: Any) -> None:
-        p = Path(path)
-        tmp = p.with_suffix(p.suffix + ".tmp")
-        tmp.write_text(json.dumps({"nodes": [asdict(n) for n in self.nodes], **extra},
-                                  indent=1))
-        os.replace(tmp, p)
+        atomic_write_text(Path(path), json.dumps({"nodes": [asdict(n) for n in self.nodes],
+                                                  **extra}, indent=1))
 
     @classmethod
     def load(cls, path: str | Path) -> Archive:
@@ -262,15 +266,26 @@ class HarnessAdapter:
                                num_metric_calls=len(outs))
 
     def make_reflective_dataset(self, candidate: dict[str, str], eval_batch: Any,
-                                components_to_update: list[str]) -> dict[str, list[dict]]:
+                                components_to_update: list[str]
+                                ) -> dict[str, list[dict[str, Any]]]:
+        """The evidence of the parent's minibatch (its episodes are ``eval_batch``'s
+        trajectories; :meth:`DarwinX.gather_evidence`), one JSON record per piece
+        (:meth:`~digirl_lite.harness.evidence.Evidence.as_dict`). The evidence is about the
+        harness as a whole (the proposer chooses the component an edit goes to), so every
+        component to update gets the same records."""
         outs = [o for traj in (eval_batch.trajectories or []) for o in traj]
-        self.loop._evidence_outcomes = outs
-        return {c: [{"task": o.task, "success": o.success} for o in outs]
-                for c in components_to_update}
+        with self.loop.stop_on_error():
+            records = [e.as_dict() for e in self.loop.gather_evidence(outs)]
+        return {c: records for c in components_to_update}
 
-    def propose_new_texts(self, candidate: dict[str, str], reflective_dataset: Any,
+    def propose_new_texts(self, candidate: dict[str, str],
+                          reflective_dataset: dict[str, list[dict[str, Any]]],
                           components_to_update: list[str]) -> dict[str, str]:
-        return self.loop.propose_child(candidate)
+        """The proposer's child (:meth:`DarwinX.propose_child`) from the evidence in
+        ``reflective_dataset`` (the records :meth:`make_reflective_dataset` returned)."""
+        records = reflective_dataset[components_to_update[0]] if components_to_update else []
+        with self.loop.stop_on_error():
+            return self.loop.propose_child(candidate, [Evidence.from_dict(r) for r in records])
 
 
 class LineageSelector:
@@ -305,9 +320,9 @@ class DarwinGate:
         return self.last_reason
 
 
-def _merge_proposer_class() -> type:
-    """:class:`DarwinMerge` on GEPA's ``MergeProposer`` (built on first use: gepa is an
-    optional dependency)."""
+def _darwin_merge(loop: DarwinX, logger: Any, valset: Any, callbacks: list[Any]) -> Any:
+    """A :class:`DarwinMerge`, GEPA's ``MergeProposer`` with DarwinX's merge (built on first
+    use: gepa is an optional dependency), for GEPA's engine (:func:`_engine`)."""
     from gepa.proposer.merge import MergeProposer
 
     class DarwinMerge(MergeProposer):
@@ -321,14 +336,22 @@ def _merge_proposer_class() -> type:
         of the union's size for each parent: GEPA keeps the merge exactly when the child
         solves the whole union (spec/DARWIN.md B)."""
 
-        def __init__(self, loop: DarwinX, **kw: Any) -> None:
-            super().__init__(**kw)
-            self.loop = loop
-
         def propose(self, state: Any) -> Any:
-            return self.loop.propose_merge(state)
+            return loop.propose_merge(state)
 
-    return DarwinMerge
+    def evaluator(batch: Any, candidate: Any) -> Any:
+        # GEPA's own merge evaluates its child with this; DarwinMerge plays its episodes
+        raise NotImplementedError("DarwinX's merge step evaluates its child itself")
+
+    return DarwinMerge(logger=logger, valset=valset, evaluator=evaluator, use_merge=True,
+                       max_merge_invocations=loop.merges, callbacks=callbacks)
+
+
+class _WholeSet:
+    """GEPA's batch sampler: the whole evolution set every generation, in its order."""
+
+    def next_minibatch_ids(self, loader: Any, state: Any) -> list[int]:
+        return list(loader.all_ids())
 
 
 class _Callbacks:
@@ -352,7 +375,9 @@ class _Budget:
 
     def __call__(self, state: Any) -> bool:
         loop = self.loop
-        if loop.episodes >= loop.budget:
+        if loop.error is not None:
+            loop.stopped = f"error: {type(loop.error).__name__}: {loop.error}"
+        elif loop.episodes >= loop.budget:
             loop.stopped = "budget"
         elif loop.max_generations and loop.generation >= loop.max_generations:
             loop.stopped = "max_generations"
@@ -450,7 +475,8 @@ class DarwinX:
         self.generation = 0
         self._parent: Node | None = None
         self._pending: dict[str, tuple[Harness, list[Edit], str]] = {}
-        self._evidence_outcomes: list[Outcome] = []
+        self._evidence_kinds: dict[str, int] = {}  # the last proposal's, for its node
+        self.error: Exception | None = None  # what stopped the run (:meth:`stop_on_error`)
         self._log_path = self.out / "generations.jsonl"
         self._replayed = 0
         self._logged_before = 0
@@ -479,16 +505,25 @@ class DarwinX:
         return 1_000_000 * (self.seed + 1) + 500_000 + 10_000 * self.generation
 
     # -- proposals -----------------------------------------------------------------------
-    def propose_child(self, candidate: dict[str, str]) -> dict[str, str]:
-        """The proposer's child of ``candidate`` (GEPA's ``propose_new_texts``). A proposal
-        that is not a valid edit becomes a rejected child (recorded when judged): GEPA gets
-        the parent's texts back, which it then evaluates from the cache."""
-        parent = self._parent
-        if parent is None or parent.candidate != candidate_id(candidate):
-            parent = self.archive.accepted_by_candidate(candidate_id(candidate))
-        harness = Harness.from_dict(parent.harness)
-        outs = self._evidence_outcomes
-        teacher = []
+    @contextlib.contextmanager
+    def stop_on_error(self) -> Any:
+        """Around DarwinX's code in GEPA's reflective step (the evidence, the proposal):
+        GEPA logs an exception raised there and tries again at its next iteration, forever
+        if the error stays (a teacher's fleet that is down, a bug); kept here, it stops the
+        loop (:class:`_Budget`) and :meth:`run` raises it. An invalid proposal is no error
+        (:meth:`propose_child` records it as a rejected child)."""
+        try:
+            yield
+        except Exception as e:
+            self.error = e
+            raise
+
+    def gather_evidence(self, outs: Sequence[Outcome]) -> list[Evidence]:
+        """The evidence of a parent's screening episodes ``outs`` (GEPA's reflective
+        dataset, :meth:`HarnessAdapter.make_reflective_dataset`): failure-, teacher- and
+        self-derived (:func:`~digirl_lite.harness.runner.evidence_from`), of the kinds this
+        run hands its proposer. The teacher plays each task the parent never solved."""
+        teacher: list[Outcome] = []
         never = sorted({o.task for o in outs if not o.infra}
                        - {o.task for o in outs if o.success})
         if never and self.runner.teacher is not None and "teacher" in self.evidence:
@@ -499,7 +534,18 @@ class DarwinX:
             # the teacher plays each never-solved task at the seed of its first failure
             for task, s in fails.items():
                 teacher += self.runner.run_teacher([task], s)
-        evidence = [e for e in evidence_from(outs, teacher) if e.kind in self.evidence]
+        return [e for e in evidence_from(outs, teacher) if e.kind in self.evidence]
+
+    def propose_child(self, candidate: dict[str, str], evidence: Sequence[Evidence]
+                      ) -> dict[str, str]:
+        """The proposer's child of ``candidate`` from ``evidence`` (GEPA's
+        ``propose_new_texts``); the evidence's failure themes go to the memory K_g first. A
+        proposal that is not a valid edit becomes a rejected child (recorded when judged):
+        GEPA gets the parent's texts back, which it then evaluates from the cache."""
+        parent = self._parent
+        if parent is None or parent.candidate != candidate_id(candidate):
+            parent = self.archive.accepted_by_candidate(candidate_id(candidate))
+        harness = Harness.from_dict(parent.harness)
         self.memory = self.memory.aggregate(evidence)
         self._evidence_kinds = {k: sum(e.kind == k for e in evidence)
                                 for k in ("failure", "teacher", "self")}
@@ -636,7 +682,7 @@ class DarwinX:
                     g=res.g, R=res.R, G=parent.G + res.g,
                     solved=sorted(solved_set(child_rates)),
                     proposer=getattr(self.proposer, "name", type(self.proposer).__name__),
-                    evidence=dict(getattr(self, "_evidence_kinds", {})), t=time.time())
+                    evidence=dict(self._evidence_kinds), t=time.time())
         p_solved = set(parent.lineage_solved) | solved_set({t: before[t] for t in tasks})
         accepted, reason = False, ""
         if invalid:
@@ -747,7 +793,7 @@ class DarwinX:
     def run(self) -> Archive:
         """Evolve until the budget is spent; returns the archive (also in ``archive.json``)."""
         try:
-            import gepa
+            import gepa  # noqa: F401 - its engine runs the loop (:func:`_engine`)
         except ImportError:
             raise ImportError("DarwinX runs on GEPA's engine: pip install "
                               "'digirl-lite[harness]' (the gepa package)") from None
@@ -763,35 +809,47 @@ class DarwinX:
         train = [EvoItem(t, self.k_screen, s) for t in self.tasks]
         val = [EvoItem(t, self.k_confirm, self._seeds("confirm", self.k_confirm, 0))
                for t in self.tasks]
-        loop = self
-
-        class _Sampler:
-            """The whole evolution set every generation, in its order."""
-
-            def next_minibatch_ids(self, loader: Any, state: Any) -> list[int]:
-                return list(loader.all_ids())
-
-        import gepa.api
-
-        # gepa.optimize builds its merge proposer from the name ``MergeProposer`` of its api
-        # module, with no argument to pass one in: the name is DarwinMerge for this call
-        gepa_merge = gepa.api.MergeProposer
-        if self.merges:
-            darwin_merge = _merge_proposer_class()
-            gepa.api.MergeProposer = lambda **kw: darwin_merge(loop, **kw)
-        try:
-            gepa.optimize(
-                seed_candidate=comps, trainset=train, valset=val, adapter=HarnessAdapter(loop),
-                candidate_selection_strategy=LineageSelector(loop), batch_sampler=_Sampler(),
-                module_selector="all", skip_perfect_score=False,
-                acceptance_criterion=DarwinGate(loop), stop_callbacks=[_Budget(loop)],
-                callbacks=[_Callbacks(loop)], seed=self.seed, raise_on_exception=True,
-                display_progress_bar=False, logger=_QuietLogger(),
-                use_merge=self.merges > 0, max_merge_invocations=max(self.merges, 1))
-        finally:
-            gepa.api.MergeProposer = gepa_merge
+        engine = _engine(self, comps, train, val)
+        with engine.experiment_tracker:  # no backend: a no-op, as gepa.optimize does it
+            engine.run()
         self._save()
+        if self.error is not None:
+            raise self.error
         return self.archive
+
+
+def _engine(loop: DarwinX, seed_candidate: dict[str, str], train: list[EvoItem],
+            val: list[EvoItem]) -> Any:
+    """GEPA's engine with DarwinX's hooks. ``gepa.optimize`` takes no merge proposer, its
+    engine does: the engine is assembled here as ``optimize`` assembles it from the same
+    arguments (no reflection LM, run folder or tracking backend; ``optimize``'s
+    ``module_selector="all"``, ``skip_perfect_score=False``, ``use_merge``), with
+    :func:`_darwin_merge` as its merge step when ``loop.merges`` > 0."""
+    from gepa.core.data_loader import ensure_loader
+    from gepa.core.engine import GEPAEngine
+    from gepa.logging.experiment_tracker import create_experiment_tracker
+    from gepa.proposer.reflective_mutation.reflective_mutation import (
+        ReflectiveMutationProposer,
+    )
+    from gepa.strategies.component_selector import AllReflectionComponentSelector
+
+    adapter, logger, callbacks = HarnessAdapter(loop), _QuietLogger(), [_Callbacks(loop)]
+    tracker = create_experiment_tracker()
+    valset = ensure_loader(val)
+    reflective = ReflectiveMutationProposer(
+        logger=logger, trainset=ensure_loader(train), adapter=adapter,
+        candidate_selector=LineageSelector(loop),
+        module_selector=AllReflectionComponentSelector(), batch_sampler=_WholeSet(),
+        perfect_score=1.0, skip_perfect_score=False, experiment_tracker=tracker,
+        callbacks=callbacks)
+    merge = _darwin_merge(loop, logger, valset, callbacks) if loop.merges else None
+    return GEPAEngine(
+        adapter=adapter, run_dir=None, valset=valset, seed_candidate=seed_candidate,
+        perfect_score=1.0, seed=loop.seed, reflective_proposer=reflective,
+        merge_proposer=merge, frontier_type="instance", logger=logger,
+        experiment_tracker=tracker, callbacks=callbacks, track_best_outputs=True,
+        display_progress_bar=False, raise_on_exception=True, stop_callback=_Budget(loop),
+        acceptance_criterion=DarwinGate(loop))
 
 
 class _QuietLogger:

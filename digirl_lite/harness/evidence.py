@@ -50,6 +50,10 @@ class EvidenceStep:
                 "decided_by": self.decided_by, "valid": self.valid,
                 "screen_changed": self.screen_changed, "element": self.element}
 
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> EvidenceStep:
+        return cls(**d)
+
 
 @dataclass(frozen=True)
 class Evidence:
@@ -75,6 +79,13 @@ class Evidence:
         return {"kind": self.kind, "task": self.task, "theme": self.theme, "at": self.at,
                 "summary": self.summary, "steps": [s.as_dict() for s in self.steps],
                 "contrast": [s.as_dict() for s in self.contrast]}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Evidence:
+        """The inverse of :meth:`as_dict` (a record of GEPA's reflective dataset)."""
+        return cls(d["kind"], d["task"], tuple(EvidenceStep.from_dict(s) for s in d["steps"]),
+                   tuple(EvidenceStep.from_dict(s) for s in d["contrast"]), at=d["at"],
+                   theme=d["theme"], summary=d["summary"])
 
 
 @dataclass

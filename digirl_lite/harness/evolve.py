@@ -330,13 +330,13 @@ def lineage_lines(archive: Any) -> list[str]:
 
 def _draw(archive: Any, path: Path, gens: list[dict[str, Any]]) -> None:
     """lineage.png: the tree (accepted nodes filled) and the screening avg@k per
-    generation with the best accepted variant's so far."""
-    import matplotlib
+    generation with the best accepted variant's so far. A bare Figure, not pyplot: the
+    process's backend (a notebook's inline one) and pyplot's figure list stay as they were;
+    ``savefig`` renders the png itself."""
+    from matplotlib.figure import Figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (a1, a2) = plt.subplots(1, 2, figsize=(12, 5))
+    fig = Figure(figsize=(12, 5))
+    a1, a2 = fig.subplots(1, 2)
     depth: dict[str, int] = {}
     for n in archive.nodes:
         depth[n.id] = 0 if n.parent is None else depth.get(n.parent, 0) + 1
@@ -367,7 +367,6 @@ def _draw(archive: Any, path: Path, gens: list[dict[str, Any]]) -> None:
     a2.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=90)
-    plt.close(fig)
 
 
 def run_evolution(cfg: EvolveConfig, out: str | Path, resume: bool = False,
