@@ -26,15 +26,15 @@ import time
 import numpy as np
 
 from digirl_lite.envs.sim import Copier, SimPhoneEnv
-from digirl_lite.envs.sim.render import Renderer
-from digirl_lite.rollout.episode import RECORD_SIZE
-from digirl_lite.vision import FeatureCache, SimScreenEncoder
-from digirl_lite.vision.sim_probes import (
+from digirl_lite.envs.sim.probes import (
     collect_sim_screens,
     drift_probe,
     loo_nn_accuracy,
     popup_probe,
 )
+from digirl_lite.envs.sim.render import Renderer
+from digirl_lite.rollout.episode import RECORD_SIZE
+from digirl_lite.vision import FeatureCache, SimScreenEncoder
 
 
 def _ms_per_screen(encoder, images, repeats: int = 3) -> dict[str, float]:

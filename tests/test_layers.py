@@ -29,8 +29,8 @@ module level, inside functions, under ``TYPE_CHECKING``, and module paths writte
 A folder may import its own layer's neighbours as long as no circle forms; an import that
 goes up a layer fails with the line that makes it. The simulator sits above the policy, the
 rollout and Android, so they take what they need of a world as arguments or from the env
-factory; the imports of it not yet moved there are listed, file by file, in
-:data:`NOT_YET_BEHIND_THE_FACTORY`.
+factory, and the trainer takes it from the env factory (``world_info``, the simulator's
+demonstrations and drills); nothing is exempt.
 """
 
 from __future__ import annotations
@@ -65,16 +65,6 @@ RANK = {unit: i for i, layer in enumerate(LAYERS) for unit in layer}
 FACTORY = {"digirl_lite.envs", "digirl_lite.envs.setup"}
 """The env factory's modules: the only ones of ``envs/`` outside ``envs/sim/`` that may
 import the simulator."""
-
-NOT_YET_BEHIND_THE_FACTORY: dict[str, str] = {
-    # file -> why it still imports the simulator (or the factory from below); each entry
-    # goes when its file takes the world from the env factory (envs/setup.py: world_info,
-    # sim_options). A new such import anywhere else fails test_every_import_goes_down_the_layers.
-    "digirl_lite/train/starting.py": "the SFT copier's demonstrations, drills, Surprises",
-    "digirl_lite/vision/sim_probes.py": "probes of the sim encoder on the simulator's screens",
-}
-"""Imports that go up past the simulator, allowed for now (the trainer is wired to the env
-factory after it is split; empty the train/ entries then)."""
 
 Edge = tuple[str, str]  # (importing unit, imported unit)
 Where = tuple[str, int, str]  # (file, line, imported module)
@@ -127,11 +117,9 @@ def _imports(module: str, path: Path, modules: dict[str, Path]):
                 yield name, node.lineno
 
 
-def unit_graph(root: Path = PACKAGE, allowed: dict[str, str] | None = None
-               ) -> dict[Edge, list[Where]]:
+def unit_graph(root: Path = PACKAGE) -> dict[Edge, list[Where]]:
     """Imports between units (subpackages and top-level modules) with where they happen.
-    The package's own ``__init__`` (which names every unit lazily) is left out, and so are
-    the imports of a file in ``allowed`` that go up to ``envs.sim`` or ``envs.factory``."""
+    The package's own ``__init__`` (which names every unit lazily) is left out."""
     modules = _modules(root)
     edges: dict[Edge, list[Where]] = defaultdict(list)
     for module, path in modules.items():
@@ -142,9 +130,6 @@ def unit_graph(root: Path = PACKAGE, allowed: dict[str, str] | None = None
         for name, line in _imports(module, path, modules):
             dst = _unit(name)
             if dst is None or dst == src:
-                continue
-            if allowed and where in allowed and dst in ("envs.sim", "envs.factory") \
-                    and RANK.get(dst, 0) > RANK.get(src, 0):
                 continue
             edges[(src, dst)].append((where, line, name))
     return dict(edges)
@@ -199,7 +184,7 @@ def _explain(edges: dict[Edge, list[Where]], units: list[str]) -> str:
 
 @pytest.mark.slow
 def test_no_circle_between_subpackages():
-    edges = unit_graph(allowed=NOT_YET_BEHIND_THE_FACTORY)
+    edges = unit_graph()
     cycles = find_cycles(edges)
     assert not cycles, "import circles between folders:\n" + "\n\n".join(
         f"{' <-> '.join(c)}\n{_explain(edges, c)}" for c in cycles)
@@ -207,7 +192,7 @@ def test_no_circle_between_subpackages():
 
 @pytest.mark.slow
 def test_every_import_goes_down_the_layers():
-    edges = unit_graph(allowed=NOT_YET_BEHIND_THE_FACTORY)
+    edges = unit_graph()
     rank = dict(RANK)
     for unit in {u for e in edges for u in e} - set(rank):
         # a unit not in LAYERS that imports nothing of the package sits at the bottom
@@ -272,26 +257,10 @@ def sim_imports(root: Path = PACKAGE) -> list[Where]:
 @pytest.mark.slow
 def test_nothing_below_the_simulator_imports_it():
     """The trainer, the policy, the rollout and Android take what they need of a world as
-    arguments or from the env factory, never from ``envs.sim`` (the files of
-    :data:`NOT_YET_BEHIND_THE_FACTORY` aside, until they are wired)."""
-    found = [w for w in sim_imports() if w[0] not in NOT_YET_BEHIND_THE_FACTORY]
+    arguments or from the env factory, never from ``envs.sim``."""
+    found = sim_imports()
     assert not found, "imports of the simulator from below it:\n" + "\n".join(
         f"  {f}:{n} imports {m}" for f, n, m in found)
-
-
-def test_the_allowlist_holds_only_what_is_still_there():
-    """An entry of :data:`NOT_YET_BEHIND_THE_FACTORY` goes once its file no longer imports
-    the simulator or the env factory."""
-    modules = _modules(PACKAGE)
-    by_file = {p.relative_to(PACKAGE.parent).as_posix(): m for m, p in modules.items()}
-    stale = []
-    for where in NOT_YET_BEHIND_THE_FACTORY:
-        if where not in by_file:
-            stale.append(f"{where}: no such file")
-        elif not any(_unit(name) in ("envs.sim", "envs.factory") for name, _ in
-                     _imports(by_file[where], PACKAGE.parent / where, modules)):
-            stale.append(f"{where}: imports neither envs.sim nor the env factory")
-    assert not stale, "remove from NOT_YET_BEHIND_THE_FACTORY:\n" + "\n".join(stale)
 
 
 def test_the_check_sees_an_import_of_the_simulator(tmp_path):

@@ -13,14 +13,14 @@ from PIL import Image
 
 from digirl_lite.data import ScreenTable
 from digirl_lite.data.records import screen_id_of_image
-from digirl_lite.vision import FeatureCache, SimScreenEncoder
-from digirl_lite.vision.sim_probes import (
+from digirl_lite.envs.sim.probes import (
     collect_sim_screens,
     drift_probe,
     loo_nn_accuracy,
     popup_probe,
     screen_label,
 )
+from digirl_lite.vision import FeatureCache, SimScreenEncoder
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from tiny_models import (  # noqa: E402

@@ -26,7 +26,8 @@ from digirl_lite.errors import ConfigError
 
 __all__ = ["AndroidPlan", "Phones", "android_plan", "make_phones", "task_list",
            "split_path", "split_name", "split_task_list", "EndpointEnvFactory",
-           "WORLD_HORIZON", "SimOptions", "sim_options", "WorldInfo", "world_info"]
+           "WORLD_HORIZON", "SimOptions", "sim_options", "WorldInfo", "world_info",
+           "sim_demonstrations", "sim_copy_drills", "sim_extractor_pairs"]
 
 log = logging.getLogger("digirl_lite.envs")
 
@@ -54,6 +55,36 @@ def sim_options() -> SimOptions:
     from digirl_lite.envs.sim.options import options
 
     return options()
+
+
+def sim_demonstrations(world: str, *, surprises: dict[str, float] | None = None,
+                       **kw: Any) -> tuple[Any, Any, Any]:
+    """The scripted expert's demonstrations on the simulated phone, what the SFT copier
+    learns from (:func:`digirl_lite.envs.sim.demos.generate_demos`: trajectories, their
+    screens, stats); ``surprises``: surprise fields over the defaults (None: the defaults)."""
+    from digirl_lite.envs.sim.demos import generate_demos
+    from digirl_lite.envs.sim.world import Surprises
+
+    if surprises is not None:
+        kw["surprises"] = Surprises(**surprises)
+    return generate_demos(world, **kw)
+
+
+def sim_copy_drills(**kw: Any) -> Any:
+    """Endless ``(prompt, text to type)`` copy drills on the simulator's train tasks
+    (:func:`digirl_lite.envs.sim.drills.copy_drills`)."""
+    from digirl_lite.envs.sim.drills import copy_drills
+
+    return copy_drills(**kw)
+
+
+def sim_extractor_pairs(world: str, share: float, phrasings: str, seed: int,
+                        drills: int) -> list[tuple[str, str]]:
+    """The span extractor's ``(task, typed text)`` pairs on the simulator's train tasks
+    (:func:`digirl_lite.envs.sim.drills.extractor_pairs`)."""
+    from digirl_lite.envs.sim.drills import extractor_pairs
+
+    return extractor_pairs(world, share, phrasings, seed, drills)
 
 
 def _fields(cls) -> set[str]:

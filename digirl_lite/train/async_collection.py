@@ -138,7 +138,7 @@ class AsyncCollection:
         fleet = self.fleet()
         fleet.policy_version = self.iteration
         seed = int(self.rng.integers(0, 2**31 - 1))
-        kw = {"reset_options": {"day": c.day}} if c.day != 1 else {}
+        kw = {"reset_options": self.world_info.reset_options(c.day)} if c.day != 1 else {}
         fleet.start(self._collect_agent, self._task_stream(np.random.default_rng(seed)),
                     self._collect_screens, id_prefix=f"online-s{c.seed}-a{self._generation:03d}",
                     source=Source.ONLINE, iteration=self.iteration + 1, seed=seed,

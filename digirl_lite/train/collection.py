@@ -215,10 +215,12 @@ class Collection:
         return self.phones.test_tasks
 
     def phone_day(self, iteration: int | None = None) -> int:
-        """The simulated phone's drift day after ``iteration`` online iterations (None: the
-        iterations done; the pile's -1: none): ``day + floor(k * days_per_iteration)``."""
-        k = self.iteration if iteration is None else max(iteration, 0)
-        return self.cfg.day + int(np.floor(k * self.cfg.days_per_iteration + 1e-9))
+        """The phone's drift day after ``iteration`` online iterations (None: the iterations
+        done; the pile's -1: none): ``day + floor(k * days_per_iteration)`` on a world with
+        drift days (the simulator), ``day`` elsewhere (:meth:`WorldInfo.day
+        <digirl_lite.envs.base.WorldInfo.day>`)."""
+        k = self.iteration if iteration is None else iteration
+        return self.world_info.day(self.cfg.day, self.cfg.days_per_iteration, k)
 
     def _collect(self, stage: str, agent: PolicyBatchAgent, tasks: Sequence[Any],
                  screens: ScreenTable, *, id_prefix: str, seed: int = 0, fleet: Any = None,
@@ -237,7 +239,8 @@ class Collection:
         one thing at a time); the next take starts it again."""
         self._stop_collecting()
         if self.cfg.day != 1 or self.cfg.days_per_iteration:  # drift (env "sim" only)
-            kw["reset_options"] = {"day": self.phone_day(kw.get("iteration"))}
+            kw["reset_options"] = self.world_info.reset_options(
+                self.phone_day(kw.get("iteration")))
         a = self.rank * len(tasks) // self.world_size
         b = (self.rank + 1) * len(tasks) // self.world_size
         stopped: dict[str, Any] | None = None

@@ -21,9 +21,35 @@ import torch
 from digirl_lite import distributed as dist
 from digirl_lite.data.records import ScreenTable, Source, Trajectory
 from digirl_lite.data.store import TrajectoryStore
+from digirl_lite.envs.base import WorldInfo
 from digirl_lite.paths import content_key, fsync_tree
 
-__all__ = ["StartingPolicyAndPile"]
+__all__ = ["StartingPolicyAndPile", "pile_key"]
+
+
+def pile_key(cfg: Any, info: WorldInfo) -> str:
+    """The cache key of the pile of ``cfg``'s run on the world ``info`` describes
+    (:func:`digirl_lite.envs.setup.world_info`): every setting that changes what it holds.
+    The world's entries (``info.pile_key``) come after the starting policy's and before the
+    copy path's; a simulator key is what it was when the trainer wrote its entries itself
+    (tests/test_pile_key.py), so cached piles and results keep their names."""
+    from digirl_lite.train.starting import sft_key
+
+    c = cfg
+    policy_id = (sft_key(c) if c.starting_policy in ("sft", "shipped")
+                 else str(Path(c.starting_policy).expanduser().resolve()))
+    if c.policy == "vlm" and c.starting_policy == "shipped":  # the base model as it is
+        policy_id = ("vlm", str(Path(c.policy_path).expanduser().resolve()), c.lora,
+                     c.vlm_image_size, c.vlm_dtype)
+    run: tuple[Any, ...] = (("copy_typed_text", True),) if c.copy_typed_text else ()
+    run += ((("span_extractor", c.typed_span_extractor),)
+            if c.typed_span_extractor != "none" else ())
+    run += ((("span_phrasings", c.typed_span_phrasings),)
+            if c.typed_span_phrasings is not None else ())
+    run += (("span_once", True),) if c.typed_span_once else ()
+    return content_key("pile-v3", c.world, c.seed, c.pile_size, c.judge, c.temperature,
+                       c.constrained_decoding, c.max_new_tokens, c.horizon, c.task_file,
+                       policy_id, *info.pile_key, *run)
 
 
 class StartingPolicyAndPile:
@@ -90,34 +116,10 @@ class StartingPolicyAndPile:
         self.timings["sft"] = time.perf_counter() - t0
         return policy
 
-    def _cache_key(self, *parts: Any) -> str:
-        return content_key(*parts)
-
     def pile_key(self) -> str:
-        """The cache key of the pile: every setting that changes what it holds."""
-        c = self.cfg
-        policy_id = (self.sft_key() if c.starting_policy in ("sft", "shipped")
-                     else str(Path(c.starting_policy).expanduser().resolve()))
-        if c.policy == "vlm" and c.starting_policy == "shipped":  # the base model as it is
-            policy_id = ("vlm", str(Path(c.policy_path).expanduser().resolve()), c.lora,
-                         c.vlm_image_size, c.vlm_dtype)
-        devices = () if c.env == "sim" else (c.env, c.android)  # sim keys as before
-        devices += () if c.day == 1 else (("day", c.day),)  # day 1 keys as before
-        devices += (("surprises", sorted(c.sim_surprises.items())),) if c.sim_surprises else ()
-        devices += (("faults", sorted(c.sim_faults.items())),) if c.sim_faults else ()
-        devices += (("layout", c.sim_layout),) if c.sim_layout != "older" else ()
-        devices += (("phrasing", c.phrasing_share),) if c.phrasing_share else ()
-        devices += ((("phrasings", c.train_phrasings),)
-                    if c.phrasing_share and c.train_phrasings != "base" else ())
-        devices += (("copy_typed_text", True),) if c.copy_typed_text else ()
-        devices += ((("span_extractor", c.typed_span_extractor),)
-                    if c.typed_span_extractor != "none" else ())
-        devices += ((("span_phrasings", c.typed_span_phrasings),)
-                    if c.typed_span_phrasings is not None else ())
-        devices += (("span_once", True),) if c.typed_span_once else ()
-        return self._cache_key("pile-v3", c.world, c.seed, c.pile_size, c.judge, c.temperature,
-                               c.constrained_decoding, c.max_new_tokens, c.horizon, c.task_file,
-                               policy_id, *devices)
+        """The cache key of the pile: every setting that changes what it holds
+        (:func:`pile_key`)."""
+        return pile_key(self.cfg, self.world_info)
 
     def build_pile(self) -> list[Trajectory]:
         """The starting policy's own attempts on train tasks, scored by the judge (cached).

@@ -39,7 +39,7 @@ def span_extractor(cfg: Any, *, cache_dir: Path | None,
     calls it at the same point: they fine-tune it together (each a share of every batch,
     gradients averaged) and process 0 saves it."""
     from digirl_lite import distributed as dist
-    from digirl_lite.envs.sim.drills import extractor_pairs
+    from digirl_lite.envs.setup import sim_extractor_pairs
     from digirl_lite.paths import content_key
     from digirl_lite.policy.span_extractor import SpanExtractor
 
@@ -57,8 +57,8 @@ def span_extractor(cfg: Any, *, cache_dir: Path | None,
         return SpanExtractor.load(cached)
     t0 = time.perf_counter()
     ex = SpanExtractor.pretrained(seed=c.sft_seed)
-    fit = ex.fit(extractor_pairs(c.world, share, phrasings, c.sft_seed,
-                                 SPAN_EXTRACTOR_DRILLS), steps=SPAN_EXTRACTOR_STEPS,
+    fit = ex.fit(sim_extractor_pairs(c.world, share, phrasings, c.sft_seed,
+                                     SPAN_EXTRACTOR_DRILLS), steps=SPAN_EXTRACTOR_STEPS,
                  seed=c.sft_seed)
     log(stage="span_extractor", seconds=round(time.perf_counter() - t0, 1), **fit)
     if cached is not None and dist.rank() == 0:
@@ -68,15 +68,12 @@ def span_extractor(cfg: Any, *, cache_dir: Path | None,
 
 def demo_phone(cfg: Any) -> dict[str, Any]:
     """The phone the demonstrations are recorded on (``sft_phone``), as
-    :func:`~digirl_lite.envs.sim.demos.generate_demos` arguments: "older", the defaults of
+    :func:`~digirl_lite.envs.setup.sim_demonstrations` arguments: "older", the defaults of
     day 1 and its older layout (nothing of ``sim_surprises``); "live", the run's day,
     surprises and layout (``sim_layout``)."""
     if cfg.sft_phone == "older":
         return {}
-    from digirl_lite.envs.sim.world import Surprises
-
-    return {"day": cfg.day, "surprises": Surprises(**cfg.sim_surprises),
-            "layout": cfg.sim_layout}
+    return {"day": cfg.day, "surprises": dict(cfg.sim_surprises), "layout": cfg.sim_layout}
 
 
 def sft_key(cfg: Any) -> str:
@@ -198,35 +195,34 @@ def train_sft(cfg: Any, features: Any, *, device: Any = "cpu", process_index: in
               accelerator: Any = None, log: Callable[..., None] = lambda **kw: None,
               bar: Callable[[int, str], Any] | None = None):
     """The starting policy from fresh preset weights: ``sft_copy_updates`` copy drills
-    (:func:`~digirl_lite.envs.sim.drills.copy_drills`: the copying a pre-trained T5 brings),
+    (:func:`~digirl_lite.envs.setup.sim_copy_drills`: the copying a pre-trained T5 brings),
     then supervised fine-tuning on the expert's demonstrations, with a share
     ``sft_copy_share`` of drills in every batch."""
     import contextlib
 
     import torch
 
-    from digirl_lite.envs.sim.demos import generate_demos
-    from digirl_lite.envs.sim.drills import copy_drills
+    from digirl_lite.envs.setup import sim_copy_drills, sim_demonstrations
     from digirl_lite.policy.factory import fresh_policy
     from digirl_lite.policy.updates import steps_to_batch, text_mle_update
 
     c = cfg
-    demos, dscreens, _ = generate_demos(c.world, n=c.sft_demos, seed=c.sft_seed,
-                                        surprise_rate=c.sft_surprise_rate,
-                                        varied_products=c.sft_varied_products,
-                                        slip_rate=c.sft_slip_rate,
-                                        popup_back_share=c.sft_popup_back_share,
-                                        phrasing_share=c.sft_phrasing_share,
-                                        phrasings=c.train_phrasings,
-                                        **demo_phone(c))
+    demos, dscreens, _ = sim_demonstrations(c.world, n=c.sft_demos, seed=c.sft_seed,
+                                            surprise_rate=c.sft_surprise_rate,
+                                            varied_products=c.sft_varied_products,
+                                            slip_rate=c.sft_slip_rate,
+                                            popup_back_share=c.sft_popup_back_share,
+                                            phrasing_share=c.sft_phrasing_share,
+                                            phrasings=c.train_phrasings,
+                                            **demo_phone(c))
     features.fill(dscreens)
     steps = [s for t in demos for s in t.steps]
     policy = fresh_policy(c).to(device)
     opt = torch.optim.AdamW(policy.parameters(), lr=c.sft_lr)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda u: min(1.0, (u + 1) / 50))
     rng = np.random.default_rng([c.sft_seed, process_index])
-    drills = copy_drills(seed=c.sft_seed * 1009 + process_index, world=c.world,
-                         phrasing_share=c.sft_phrasing_share, phrasings=c.train_phrasings)
+    drills = sim_copy_drills(seed=c.sft_seed * 1009 + process_index, world=c.world,
+                             phrasing_share=c.sft_phrasing_share, phrasings=c.train_phrasings)
     if policy.screen_input == "features":
         no_image: Any = np.zeros((c.sft_batch, policy.img_dim), dtype=np.float32)
     else:  # a VLM's drills show it a blank screen

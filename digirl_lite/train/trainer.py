@@ -110,9 +110,8 @@ class Trainer(StartingPolicyAndPile, Collection, AsyncCollection, RunFolder, Run
         from accelerate import Accelerator
 
         from digirl_lite.critics import EmbeddingCache, InstructionCritic, StepCritic
-        from digirl_lite.envs.setup import make_phones
+        from digirl_lite.envs.setup import make_phones, world_info
         from digirl_lite.vision import FeatureCache
-        from digirl_lite.vision.sim_encoder import SIM_FEATURE_DIM
 
         cfg.check_paths()  # every field that cannot work, before anything is built
         from digirl_lite.envs.judges import probe_judge
@@ -121,6 +120,9 @@ class Trainer(StartingPolicyAndPile, Collection, AsyncCollection, RunFolder, Run
         if cfg.eval_judge is not None:
             probe_judge(cfg.eval_judge)
         self.cfg = cfg
+        # what the run needs of its world beyond its phones (drift days, the pile key's
+        # world entries, the screens' feature width), from the env factory
+        self.world_info = world_info(cfg)
         self.out = Path(out_dir)
         self.out.mkdir(parents=True, exist_ok=True)
         self.cache_dir = (user_cache_dir() if cache_dir == USER_CACHE
@@ -147,7 +149,7 @@ class Trainer(StartingPolicyAndPile, Collection, AsyncCollection, RunFolder, Run
         self.policy = self._initial_policy().to(self.accelerator.device)
         reads_features = self.policy.screen_input == "features"
         encoder = self._image_encoder(self.policy.img_dim if reads_features
-                                      else SIM_FEATURE_DIM)
+                                      else self.world_info.feature_dim)
         if reads_features and int(encoder.dim) != self.policy.img_dim:
             raise ConfigError(
                 f"image_encoder {cfg.image_encoder!r} gives {encoder.dim}-d features but the "
@@ -233,11 +235,13 @@ class Trainer(StartingPolicyAndPile, Collection, AsyncCollection, RunFolder, Run
 
         return initial_policy(self.cfg)
 
-    def _image_encoder(self, dim: int):
+    def _image_encoder(self, dim: int | None):
+        """The frozen image encoder (``image_encoder``): the sim encoder gives ``dim``-d
+        features (None: its default width), BLIP-2 its own."""
         from digirl_lite.vision import SimScreenEncoder
 
         if self.cfg.image_encoder == "sim":
-            return SimScreenEncoder(dim=dim, seed=0)
+            return SimScreenEncoder(**({} if dim is None else {"dim": dim}), seed=0)
         from digirl_lite.vision import Blip2Features
 
         try:

@@ -9,6 +9,9 @@ Shared by ``tests/test_vision.py`` and ``benchmarks/bench_vision.py``:
 * :func:`popup_probe`: how far a pop-up moves a page's features, against how far changing
   the query of the same page moves them;
 * :func:`drift_probe`: how far the same page moves between two drift days.
+
+They play the simulator's phones, so they live beside it: the encoders in
+:mod:`digirl_lite.vision` know no world.
 """
 
 from __future__ import annotations
