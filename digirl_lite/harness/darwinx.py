@@ -30,6 +30,12 @@ generation) and ``episodes.jsonl`` (the runner's cache) into its folder. After `
 the same command replays the run from the cache (evaluations already measured are read, not
 run; the proposers are deterministic or cache their replies) and goes on where it stopped;
 GEPA's own pickled state is not used (nothing here loads a pickle).
+
+This module holds the loop (:class:`DarwinX`); the rest lives beside it and is re-exported
+here: the arithmetic in :mod:`.gate` (:func:`gate`, :func:`solved_set`, :func:`classify`,
+:func:`avg_at_k`), the archive in :mod:`.archive` (:class:`Node`, :class:`Archive`,
+:func:`select_parent`), GEPA's hooks and engine in :mod:`.gepa_hooks`, the merge across runs
+in :mod:`.merging` (:func:`merge_harness`, :func:`merge`).
 """
 
 from __future__ import annotations
@@ -40,16 +46,32 @@ import logging
 import random
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from digirl_lite.harness.archive import Archive, Node, select_parent
 from digirl_lite.harness.evidence import (
     EVIDENCE_KINDS,
     Evidence,
     Memory,
     ProposalError,
     Proposer,
+)
+from digirl_lite.harness.gate import (
+    SOLVED,
+    GateResult,
+    avg_at_k,
+    classify,
+    gate,
+    solved_set,
+)
+from digirl_lite.harness.gepa_hooks import (
+    STALL_GENERATIONS,
+    DarwinGate,
+    EvoItem,
+    HarnessAdapter,
+    LineageSelector,
+    _engine,
 )
 from digirl_lite.harness.harness import (
     AGENT_COMPONENTS,
@@ -60,336 +82,21 @@ from digirl_lite.harness.harness import (
     candidate_id,
     check_readable,
 )
+from digirl_lite.harness.merging import merge, merge_harness
 from digirl_lite.harness.runner import HarnessRunner, Outcome, evidence_from
-from digirl_lite.paths import atomic_write_text
 
 __all__ = ["gate", "GateResult", "solved_set", "classify", "Node", "Archive", "select_parent",
            "DarwinX", "DarwinGate", "LineageSelector", "HarnessAdapter", "merge", "merge_harness",
            "avg_at_k",
-           "SOLVED", "ACCEPT_MODES"]
+           "SOLVED", "ACCEPT_MODES", "STALL_GENERATIONS", "EvoItem"]
 
 log = logging.getLogger("digirl_lite.harness")
 
-SOLVED = 0.5
-"""A task is solved by a variant when its avg@k is at least this (spec: p_t >= 1/2)."""
-STALL_GENERATIONS = 3
-"""The loop stops when this many generations in a row measured no new episode (every child
-was one already measured, or an invalid proposal): the proposer has run dry."""
 ACCEPT_MODES = ("gate", "minibatch_sum", "all")
 """``gate``: DarwinX (g > 0, R <= delta, then the probe); ``minibatch_sum``: GEPA's default
 (the child's summed minibatch score beats the parent's); ``all``: every child (E2)."""
 
 
-# ---------------------------------------------------------------------------------------
-# the arithmetic (spec/DARWIN.md B's worked numbers are the tests)
-# ---------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class GateResult:
-    deltas: tuple[float, ...]
-    g: float
-    R: float
-    passed: bool
-
-
-def gate(parent: Sequence[float], child: Sequence[float], delta: float) -> GateResult:
-    """Delta_t = p_t(c) - p_t(p); g = sum Delta_t; R = sum max(0, -Delta_t); promoted iff
-    g > 0 and R <= delta (a tolerance of 1e-9 for rates that are sums of thirds)."""
-    if len(parent) != len(child):
-        raise ValueError(f"{len(parent)} parent rates, {len(child)} child rates")
-    d = tuple(float(c) - float(p) for p, c in zip(parent, child))
-    g = sum(d)
-    r = sum(max(0.0, -x) for x in d)
-    return GateResult(d, g, r, g > 1e-9 and r <= delta + 1e-9)
-
-
-def solved_set(rates: dict[str, float], threshold: float = SOLVED) -> set[str]:
-    """The tasks whose rate is at least ``threshold``."""
-    return {t for t, p in rates.items() if p >= threshold - 1e-9}
-
-
-def classify(parent_solved: set[str], child_solved: set[str], accepted: bool) -> str:
-    """By solved set: ``improver`` (all the parent solved and more), ``neutral`` (the same
-    set), ``stepping_stone`` (solves new tasks, loses some: never an ancestor under the
-    gate, it gives lessons to the memory) or ``archived`` (lost tasks and gained none, or a
-    rejected child that lost nothing). A child that lost tasks keeps that kind when an
-    acceptance rule other than the gate took it (E2 counts them)."""
-    new = child_solved - parent_solved
-    lost = parent_solved - child_solved
-    if new and lost:
-        return "stepping_stone"
-    if lost or not accepted:
-        return "archived"
-    return "improver" if new else "neutral"
-
-
-def avg_at_k(outcomes: Sequence[Outcome]) -> dict[str, float]:
-    """Per-task success rate over the episodes an infrastructure fault did not cut (a task
-    with none left has no rate)."""
-    wins: dict[str, list[bool]] = {}
-    for o in outcomes:
-        if not o.infra:
-            wins.setdefault(o.task, []).append(bool(o.success))
-    return {t: sum(w) / len(w) for t, w in wins.items()}
-
-
-# ---------------------------------------------------------------------------------------
-# the archive
-# ---------------------------------------------------------------------------------------
-@dataclass
-class Node:
-    """One evaluated variant."""
-
-    id: str
-    parent: str | None
-    generation: int
-    harness: dict[str, Any]
-    """:meth:`Harness.as_dict`: H0 and every edit from the root."""
-    edits: list[dict[str, Any]] = field(default_factory=list)
-    """This node's own edits (with provenance)."""
-    candidate: str = ""
-    screen: dict[str, float] = field(default_factory=dict)
-    """avg@k_screen per evolution task."""
-    g: float = 0.0
-    R: float = 0.0
-    G: float = 0.0
-    solved: list[str] = field(default_factory=list)
-    lineage_solved: list[str] = field(default_factory=list)
-    """The tasks this lineage has shown it solves (its probe re-checked the parent's)."""
-    probe: dict[str, Any] | None = None
-    confirm: dict[str, float] | None = None
-    """avg@k_confirm per evolution task (accepted variants)."""
-    kind: str = "root"
-    accepted: bool = True
-    reason: str = ""
-    proposer: str = ""
-    evidence: dict[str, int] = field(default_factory=dict)
-    decided: dict[str, int] = field(default_factory=dict)
-    t: float = 0.0
-    merged_from: list[str] = field(default_factory=list)
-    """A merge (``kind`` "merge"): the ids of the variants merged (``parent`` is the first)."""
-
-    @property
-    def confirmed(self) -> bool:
-        return self.accepted and self.confirm is not None
-
-
-@dataclass
-class Archive:
-    nodes: list[Node] = field(default_factory=list)
-
-    def add(self, node: Node) -> Node:
-        if any(n.id == node.id for n in self.nodes):
-            raise ValueError(f"node {node.id} is already in the archive")
-        self.nodes.append(node)
-        return node
-
-    def get(self, node_id: str) -> Node:
-        for n in self.nodes:
-            if n.id == node_id:
-                return n
-        raise KeyError(node_id)
-
-    def accepted_by_candidate(self, cid: str) -> Node | None:
-        for n in self.nodes:
-            if n.accepted and n.candidate == cid:
-                return n
-        return None
-
-    def population(self) -> list[Node]:
-        return [n for n in self.nodes if n.accepted]
-
-    def save(self, path: str | Path, **extra: Any) -> None:
-        atomic_write_text(Path(path), json.dumps({"nodes": [asdict(n) for n in self.nodes],
-                                                  **extra}, indent=1))
-
-    @classmethod
-    def load(cls, path: str | Path) -> Archive:
-        d = json.loads(Path(path).read_text())
-        return cls([Node(**n) for n in d["nodes"]])
-
-
-def select_parent(archive: Archive, beta: float, rng: random.Random) -> Node:
-    """p* ~ (1 - beta) argmax_G over confirmed variants + beta uniform over the population
-    (Broaden); ties in G go to the newest (the deepest lineage)."""
-    pop = archive.population()
-    if not pop:
-        raise ValueError("the archive has no accepted variant")
-    if beta > 0 and rng.random() < beta:
-        return pop[rng.randrange(len(pop))]
-    confirmed = [n for n in pop if n.confirmed] or pop
-    best = max(n.G for n in confirmed)
-    return [n for n in confirmed if n.G >= best - 1e-12][-1]
-
-
-# ---------------------------------------------------------------------------------------
-# GEPA's hooks
-# ---------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class EvoItem:
-    """One evolution task as GEPA's data instance: the task, its k and its seed base."""
-
-    task: str
-    k: int
-    seed: int
-
-
-class HarnessAdapter:
-    """GEPA's adapter: evaluates a candidate (the harness's components) as avg@k per task,
-    builds the evidence and asks the proposer for the child."""
-
-    def __init__(self, loop: DarwinX) -> None:
-        self.loop = loop
-
-    def evaluate(self, batch: list[EvoItem], candidate: dict[str, str],
-                 capture_traces: bool = False) -> Any:
-        from gepa import EvaluationBatch
-
-        outs = self.loop.play(candidate, [it.task for it in batch], batch[0].k, batch[0].seed)
-        rates = avg_at_k(outs)
-        by_task: dict[str, list[Outcome]] = {}
-        for o in outs:
-            by_task.setdefault(o.task, []).append(o)
-        outputs = []
-        for it in batch:
-            dec: dict[str, int] = {}
-            for o in by_task.get(it.task, []):
-                for k, v in o.decided.items():
-                    key = k.split(":")[0]
-                    dec[key] = dec.get(key, 0) + v
-            outputs.append({"task": it.task, "rate": rates.get(it.task), "decided": dec})
-        # a task every attempt of which infrastructure cut counts as its parent's rate
-        # would: it has no rate, and GEPA needs a number, so 0 (the gate reads ``outputs``)
-        scores = [rates.get(it.task, 0.0) for it in batch]
-        return EvaluationBatch(outputs=outputs, scores=scores,
-                               trajectories=[by_task.get(it.task, []) for it in batch]
-                               if capture_traces else None,
-                               num_metric_calls=len(outs))
-
-    def make_reflective_dataset(self, candidate: dict[str, str], eval_batch: Any,
-                                components_to_update: list[str]
-                                ) -> dict[str, list[dict[str, Any]]]:
-        """The evidence of the parent's minibatch (its episodes are ``eval_batch``'s
-        trajectories; :meth:`DarwinX.gather_evidence`), one JSON record per piece
-        (:meth:`~digirl_lite.harness.evidence.Evidence.as_dict`). The evidence is about the
-        harness as a whole (the proposer chooses the component an edit goes to), so every
-        component to update gets the same records."""
-        outs = [o for traj in (eval_batch.trajectories or []) for o in traj]
-        with self.loop.stop_on_error():
-            records = [e.as_dict() for e in self.loop.gather_evidence(outs)]
-        return {c: records for c in components_to_update}
-
-    def propose_new_texts(self, candidate: dict[str, str],
-                          reflective_dataset: dict[str, list[dict[str, Any]]],
-                          components_to_update: list[str]) -> dict[str, str]:
-        """The proposer's child (:meth:`DarwinX.propose_child`) from the evidence in
-        ``reflective_dataset`` (the records :meth:`make_reflective_dataset` returned)."""
-        records = reflective_dataset[components_to_update[0]] if components_to_update else []
-        with self.loop.stop_on_error():
-            return self.loop.propose_child(candidate, [Evidence.from_dict(r) for r in records])
-
-
-class LineageSelector:
-    """GEPA's candidate selector: :func:`select_parent` on the archive."""
-
-    def __init__(self, loop: DarwinX) -> None:
-        self.loop = loop
-
-    def select_candidate_idx(self, state: Any) -> int:
-        node = select_parent(self.loop.archive, self.loop.beta, self.loop.rng)
-        for i, cand in enumerate(state.program_candidates):
-            if candidate_id(cand) == node.candidate:
-                self.loop._parent = node
-                return i
-        raise RuntimeError(f"node {node.id} is not in GEPA's state")
-
-
-class DarwinGate:
-    """GEPA's acceptance criterion: records every child in the archive and accepts by the
-    loop's mode (``gate``: DarwinX's gate and probe)."""
-
-    def __init__(self, loop: DarwinX) -> None:
-        self.loop = loop
-        self.last_reason = ""
-
-    def should_accept(self, proposal: Any, state: Any) -> bool:
-        ok, reason = self.loop.judge_child(proposal, state)
-        self.last_reason = reason
-        return ok
-
-    def reject_reason(self, proposal: Any, state: Any) -> str:
-        return self.last_reason
-
-
-def _darwin_merge(loop: DarwinX, logger: Any, valset: Any, callbacks: list[Any]) -> Any:
-    """A :class:`DarwinMerge`, GEPA's ``MergeProposer`` with DarwinX's merge (built on first
-    use: gepa is an optional dependency), for GEPA's engine (:func:`_engine`)."""
-    from gepa.proposer.merge import MergeProposer
-
-    class DarwinMerge(MergeProposer):
-        """GEPA's merge step with DarwinX's rule. GEPA schedules a merge after each accepted
-        child (at most ``max_merge_invocations`` kept) and keeps the proposal when its
-        subsample score sum reaches its parents' largest; GEPA's own merge picks each
-        component from one parent. Here the pair is two complementary variants in the
-        archive (:meth:`DarwinX.propose_merge`), the child is H0 (+) Delta_1 (+) Delta_2 (the
-        skills of both, not one side's), and its subsample is the union of their solved
-        sets, scored 1 per task the child solves there (avg@k_screen >= 1/2) against a bar
-        of the union's size for each parent: GEPA keeps the merge exactly when the child
-        solves the whole union (spec/DARWIN.md B)."""
-
-        def propose(self, state: Any) -> Any:
-            return loop.propose_merge(state)
-
-    def evaluator(batch: Any, candidate: Any) -> Any:
-        # GEPA's own merge evaluates its child with this; DarwinMerge plays its episodes
-        raise NotImplementedError("DarwinX's merge step evaluates its child itself")
-
-    return DarwinMerge(logger=logger, valset=valset, evaluator=evaluator, use_merge=True,
-                       max_merge_invocations=loop.merges, callbacks=callbacks)
-
-
-class _WholeSet:
-    """GEPA's batch sampler: the whole evolution set every generation, in its order."""
-
-    def next_minibatch_ids(self, loader: Any, state: Any) -> list[int]:
-        return list(loader.all_ids())
-
-
-class _Callbacks:
-    """GEPA callbacks: the confirmation (validation set, k_confirm) of accepted variants."""
-
-    def __init__(self, loop: DarwinX) -> None:
-        self.loop = loop
-
-    def on_valset_evaluated(self, event: Any) -> None:
-        self.loop.confirmed(event["candidate"], event.get("outputs_by_val_id"),
-                            event["scores_by_val_id"])
-
-
-class _Budget:
-    """Stops GEPA when the run's episode budget is spent (screening, probes, confirmations
-    and the teacher's episodes all count; cached ones too, so a replay stops where the
-    original did)."""
-
-    def __init__(self, loop: DarwinX) -> None:
-        self.loop = loop
-
-    def __call__(self, state: Any) -> bool:
-        loop = self.loop
-        if loop.error is not None:
-            loop.stopped = f"error: {type(loop.error).__name__}: {loop.error}"
-        elif loop.episodes >= loop.budget:
-            loop.stopped = "budget"
-        elif loop.max_generations and loop.generation >= loop.max_generations:
-            loop.stopped = "max_generations"
-        elif loop.stalled >= STALL_GENERATIONS:
-            loop.stopped = (f"stalled: {STALL_GENERATIONS} generations in a row measured "
-                            "nothing new (the proposer has no untried edit)")
-        return bool(loop.stopped)
-
-
-# ---------------------------------------------------------------------------------------
-# the loop
-# ---------------------------------------------------------------------------------------
 class DarwinX:
     """One DarwinX run.
 
@@ -818,86 +525,5 @@ class DarwinX:
         return self.archive
 
 
-def _engine(loop: DarwinX, seed_candidate: dict[str, str], train: list[EvoItem],
-            val: list[EvoItem]) -> Any:
-    """GEPA's engine with DarwinX's hooks. ``gepa.optimize`` takes no merge proposer, its
-    engine does: the engine is assembled here as ``optimize`` assembles it from the same
-    arguments (no reflection LM, run folder or tracking backend; ``optimize``'s
-    ``module_selector="all"``, ``skip_perfect_score=False``, ``use_merge``), with
-    :func:`_darwin_merge` as its merge step when ``loop.merges`` > 0."""
-    from gepa.core.data_loader import ensure_loader
-    from gepa.core.engine import GEPAEngine
-    from gepa.logging.experiment_tracker import create_experiment_tracker
-    from gepa.proposer.reflective_mutation.reflective_mutation import (
-        ReflectiveMutationProposer,
-    )
-    from gepa.strategies.component_selector import AllReflectionComponentSelector
-
-    adapter, logger, callbacks = HarnessAdapter(loop), _QuietLogger(), [_Callbacks(loop)]
-    tracker = create_experiment_tracker()
-    valset = ensure_loader(val)
-    reflective = ReflectiveMutationProposer(
-        logger=logger, trainset=ensure_loader(train), adapter=adapter,
-        candidate_selector=LineageSelector(loop),
-        module_selector=AllReflectionComponentSelector(), batch_sampler=_WholeSet(),
-        perfect_score=1.0, skip_perfect_score=False, experiment_tracker=tracker,
-        callbacks=callbacks)
-    merge = _darwin_merge(loop, logger, valset, callbacks) if loop.merges else None
-    return GEPAEngine(
-        adapter=adapter, run_dir=None, valset=valset, seed_candidate=seed_candidate,
-        perfect_score=1.0, seed=loop.seed, reflective_proposer=reflective,
-        merge_proposer=merge, frontier_type="instance", logger=logger,
-        experiment_tracker=tracker, callbacks=callbacks, track_best_outputs=True,
-        display_progress_bar=False, raise_on_exception=True, stop_callback=_Budget(loop),
-        acceptance_criterion=DarwinGate(loop))
-
-
-class _QuietLogger:
-    def log(self, message: str) -> None:
-        log.debug("gepa: %s", message)
-
-
 def _mean(d: dict[str, float]) -> float | None:
     return sum(d.values()) / len(d) if d else None
-
-
-def merge_harness(variants: Sequence[Harness]) -> Harness:
-    """H0 (+) (Delta_1 (+) ... (+) Delta_n): the variants' edits in order, an edit two of
-    them share taken once. ValueError when they are fewer than two or do not share their
-    H0; :class:`EditError` when the edits do not combine."""
-    if len(variants) < 2:
-        raise ValueError("a merge needs two variants or more")
-    base = variants[0].base
-    if any(v.base != base for v in variants):
-        raise ValueError("the variants do not share their H0")
-    edits: list[Edit] = []
-    seen: set[tuple[str, str]] = set()
-    for v in variants:
-        for e in v.edits:
-            if (e.kind, e.content) not in seen:
-                seen.add((e.kind, e.content))
-                edits.append(e)
-    return Harness(dict(base), []).extend(edits)
-
-
-def merge(runner: HarnessRunner, variants: Sequence[Harness], tasks: Sequence[str],
-          solved_sets: Sequence[set[str]], *, k: int = 3, seed: int = 0) -> dict[str, Any]:
-    """Merge complementary variants of one ancestor outside a run (:func:`merge_harness`),
-    e.g. variants evolved by separate runs. Kept only when the child solves the union of
-    their solved sets (avg@k >= 1/2 on each task of it, at ``k`` episodes from seed
-    ``seed``). Returns the child, its rates and the verdict. Inside a run, GEPA's merge
-    step does this (``DarwinX(merges=...)``)."""
-    try:
-        child = merge_harness(variants)
-    except EditError as e:
-        return {"kept": False, "reason": f"the edits do not combine: {e}", "child": None}
-    union = set().union(*solved_sets)
-    outs: list[Outcome] = []
-    for j in range(k):
-        outs += runner.run(child.components, list(tasks), seed + 1000 * j)
-    rates = avg_at_k(outs)
-    solved = solved_set(rates)
-    missing = sorted(union - solved)
-    return {"kept": not missing, "child": child.as_dict(), "rates": rates,
-            "solved": sorted(solved), "union": sorted(union), "missing": missing,
-            "reason": "covers the union" if not missing else f"misses {missing}"}
