@@ -224,7 +224,7 @@ def main(argv: list[str] | None = None) -> dict:
                          "config's train_phrasings)")
     ap.add_argument("--drills", type=int, default=0,
                     help="add this many copy drills (the starting policy's: a train task "
-                         "with a made-up product, digirl_lite.rollout.pile.copy_drills, "
+                         "with a made-up product, digirl_lite.envs.sim.drills.copy_drills, "
                          "--share of them rephrased) to the train examples")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)

@@ -139,16 +139,18 @@ def test_weighted_mle_update_is_the_weighted_mean():
 
 
 def test_train_actor_hands_each_minibatch_its_weights(monkeypatch):
-    import digirl_lite.learners.digirl as digirl
+    # the learner imports mle_update when it trains (the learners import light), so the
+    # stand-in goes where that import finds it
+    import digirl_lite.policy.updates as updates
 
     seen = []
-    monkeypatch.setattr(digirl, "mle_update",
+    monkeypatch.setattr(updates, "mle_update",
                         lambda policy, opt, steps, *a: seen.append((steps, a[-1])) or 0.5)
     steps = BUFFER[0].steps
     w = np.arange(1.0, 7.0)
     stub = SimpleNamespace(cfg=DigiRLConfig(actor_batch=4), rng=np.random.default_rng(0),
                            policy=None, actor_opt=None, screens=None, accelerator=None,
-                           _iter=lambda n, desc: range(n))
+                           iterate=lambda n, desc: range(n))
     learner = make_learner(stub)
     assert learner.train_actor(steps, 3, w) == 0.5
     assert len(seen) == 3

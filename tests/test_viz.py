@@ -397,3 +397,23 @@ def test_import_viz_is_light():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True)
     assert out.stdout.strip() == "[]", out.stdout
+
+
+def test_a_filmstrips_head_asks_the_learner_whether_it_has_a_value_head(monkeypatch):
+    """The header of an on-policy grade shows V_start where the learner declares a value
+    head (``value_coef_applies``), the group advantage otherwise, whatever its name."""
+    from digirl_lite import learners
+    from digirl_lite.learners.ppo import PPO
+    from digirl_lite.viz.film import _grade_head
+    from digirl_lite.viz.grades import OnPolicyGrade
+
+    def grade(algorithm: str, values: tuple[float, ...]) -> OnPolicyGrade:
+        return OnPolicyGrade(traj_id="t", algorithm=algorithm, reward=1.0, step_lengths=(2,),
+                             token_values=values, token_advantages=(0.5, 0.25),
+                             token_returns=(), log_probs=(None,), gamma=1.0, lam=1.0)
+
+    assert _grade_head(grade("ppo", (0.3, 0.2)), False) == "PPO: R=1 V_start=0.30 mean A=+0.38"
+    assert _grade_head(grade("grpo", ()), False) == "GRPO: R=1 A_group=+0.50 (no value head)"
+    learners.learner_names()  # the built-in ones, before the test's own goes in
+    monkeypatch.setitem(learners._REGISTRY, "my_ppo", type("MyPPO", (PPO,), {}))
+    assert _grade_head(grade("my_ppo", (0.3, 0.2)), False).startswith("MY_PPO: R=1 V_start=")

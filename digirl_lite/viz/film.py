@@ -214,8 +214,10 @@ def _grade_head(grade: TrajectoryGrade | OnPolicyGrade, html_: bool) -> str:
                 f"A{sub('instr')}={grade.instr_advantage:+.2f} "
                 + (f'({"kept" if grade.kept else "dropped"} by the trajectory filter)' if html_
                    else ("kept" if grade.kept else "dropped")))
+    from digirl_lite.learners import learner_class
+
     row = grade.row()
-    if grade.algorithm == "ppo":
+    if getattr(learner_class(grade.algorithm), "value_coef_applies", False):  # a value head
         return (f"{grade.algorithm.upper()}: R={grade.reward:g} "
                 f"V{sub('start')}={row['V_start']:.2f} mean A={row['mean_A']:+.2f}")
     return (f"{grade.algorithm.upper()}: R={grade.reward:g} A{sub('group')}="
