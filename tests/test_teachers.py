@@ -83,11 +83,12 @@ def test_the_screen_teacher_solves_most_test_tasks_of_both_worlds_and_fails_on_s
 
 
 def test_the_screen_teacher_names_no_simulator_element_site_or_app():
-    from digirl_lite.envs.sim import world
+    from digirl_lite.envs.sim import screen, world
     from digirl_lite.envs.sim.catalog import APPS, SITES
 
     src = inspect.getsource(teachers)
-    ids = set(re.findall(r'Element\(\s*f?"([^"{]+)', inspect.getsource(world)))
+    # the screens' elements are laid out in envs/sim/screen.py (world.py re-exports it)
+    ids = set(re.findall(r'Element\(\s*f?"([^"{]+)', inspect.getsource(screen)))
     ids |= {n.id for n in world.ui_nodes(world.initial_state(1, "older")) if n.id}
     names = {t.lower() for a in APPS.values() for t in (a.key, a.label, *a.aliases)}
     names |= {t.lower() for s in SITES.values() for t in (s.key, s.domain, s.title)}

@@ -49,9 +49,8 @@ class StartingPolicyConfig:
     """Share of the Web Shopping demonstrations and copy drills written with the train
     phrasings (``train_phrasings``); 0: AitW's one phrasing."""
     sft_copy_updates: int = 1500
-    """Copy drills before SFT (batch ``sft_batch``;
-    :func:`~digirl_lite.envs.sim.drills.copy_drills`), standing in for a real Auto-UI's
-    pre-training. 0: none."""
+    """Copy drills before SFT (``envs.sim.drills.copy_drills``, batch ``sft_batch``), standing
+    in for a real Auto-UI's pre-training. 0: none."""
     sft_copy_share: float = 0.25
     """Share of each SFT batch that is copy drills, so the skill survives SFT."""
     sft_updates: int = 1500
