@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import copy
 import json
-import os
-import tempfile
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -21,6 +19,7 @@ from digirl_lite.harness.claw.units import (
     _merge_into,
 )
 from digirl_lite.harness.claw.validation import Runner, Validation, validate
+from digirl_lite.paths import atomic_write_text
 
 
 # ---------------------------------------------------------------------------------------
@@ -78,18 +77,10 @@ class ClawConfig:
 
 def _atomic_write(path: Path, text: str) -> None:
     """Write ``text`` to ``path`` so a reader (or a crash) sees the old file or the new one,
-    never half of one."""
+    never half of one (the package's :func:`~digirl_lite.paths.atomic_write_text`, with the
+    folder made first)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic_write_text(path, text)
 
 
 class ExperienceBank:
