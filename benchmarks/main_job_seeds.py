@@ -4,7 +4,8 @@ online - offline, from the run folders' ``summary.json``.
 
     for s in 0 1 2 3 4; do python recipes/offline_to_online.py --seed $s --cache-dir '' \\
         --quiet --out runs/main5/seed$s; done
-    python benchmarks/main_job_seeds.py runs/main5/seed* --out benchmarks/results/main_job_seeds.json
+    python benchmarks/main_job_seeds.py runs/main5/seed* \\
+        --out benchmarks/results/main_job_seeds.json
 
 Rates are the environment's true rates (the simulator's own check), in %.
 """
