@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Install an Appium server and its fake driver into .ci/node/ (git-ignored) for the `android`
-# tests (tests/test_android.py). Idempotent: a second run with both present does nothing.
+# tests (tests/envs/test_android.py). Idempotent: a second run with both present does nothing.
 # Under CI=true any failure (no node/npm, a failed npm install) exits non-zero and stops
 # .ci/run: CI must run the android tests. Elsewhere it says so and exits 0, and the android
 # tests skip, naming what is missing.

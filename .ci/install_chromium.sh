@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Install Debian's `chromium` package for the `chromium` test (tests/test_report.py renders the
+# Install Debian's `chromium` package for the `chromium` test (tests/viz/test_report.py renders the
 # HTML report in headless Chromium). Idempotent: with a chromium on PATH it does nothing.
 # Where it cannot install (no apt-get, not root and no password-less sudo, no network): under
 # CI=true it exits non-zero and stops .ci/run (CI must run the chromium test); elsewhere it

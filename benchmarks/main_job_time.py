@@ -15,7 +15,8 @@ checkout's HEAD into an empty folder, the README's first command there as writte
 timed on its own with pip's cache off, then the run with an empty ``$DIGIRL_LITE_CACHE``), and
 writes the entry ``fresh_clone`` with ``install_s`` and ``first_command_s`` (install + run).
 ``--readme`` puts the sentence built from that entry (:func:`readme_sentence`) between the
-README's ``<!-- main-job-time -->`` markers; ``tests/test_readme.py`` fails when they differ.
+README's ``<!-- main-job-time -->`` markers; ``tests/package/test_readme.py`` fails when they
+differ.
 
 The pile is built (``--cache-dir ''``), as in the entries measured by hand before this script,
 unless ``--cached-pile``. Without ``/usr/bin/time`` (Debian/Ubuntu: ``apt install time``) the

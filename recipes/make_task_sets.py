@@ -288,7 +288,7 @@ OPEN_TEMPLATES = ["Open the {}", "Open {}", "Open the {} app", "Launch {}", "Lau
 # least one of them (here: every one) is a word the starting policy's demonstrations and copy
 # drills cannot write (envs/sim/drills.py's _vary_query puts a word of a train query or a made-up
 # one, four to eight letters or a model number, in a name's place): nine letters or more, or
-# an apostrophe or hyphen (tests/test_generalization_splits.py checks both).
+# an apostrophe or hyphen (tests/sim/test_generalization_splits.py checks both).
 UNSEEN_NAMES: dict[str, list[str]] = {
     "city": [
         "Johannesburg", "Philadelphia", "Albuquerque", "Indianapolis", "Guadalajara",

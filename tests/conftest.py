@@ -9,13 +9,8 @@ android, chromium and AitW tests ran.
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from needs import in_ci, network_off  # noqa: E402
+from needs import in_ci, network_off
 
 #: markers whose passes the summary counts (tests that need something outside the package)
 REPORTED = ("android", "chromium", "ray", "aitw", "gpu")
@@ -92,3 +87,42 @@ def tiny_blip2(tmp_path_factory):
     from tiny_models import tiny_blip2_dir
 
     return tiny_blip2_dir(tmp_path_factory.mktemp("blip2"))
+
+
+# -- fixtures shared by folders -----------------------------------------------------------
+#: every variable a judge client reads for a key, an endpoint or logging
+JUDGE_ENV_VARS = ("GEMINI_API_KEY", "GOOGLE_API_KEY", "OPENAI_API_KEY", "OPENAI_BASE_URL",
+                  "GOOGLE_GENAI_USE_VERTEXAI", "GOOGLE_CLOUD_PROJECT", "GOOGLE_CLOUD_LOCATION",
+                  "OPENAI_LOG", "DIGIRL_JUDGE_KEY")
+
+
+@pytest.fixture
+def no_judge_keys(monkeypatch):
+    """The test sees none of the judge clients' environment variables (a key or endpoint on
+    the machine running the tests must not reach a test's client). Use with
+    ``pytestmark = pytest.mark.usefixtures("no_judge_keys")``."""
+    for k in JUDGE_ENV_VARS:
+        monkeypatch.delenv(k, raising=False)
+
+
+@pytest.fixture
+def openai_server():
+    """A local OpenAI-protocol server (tests/judge_servers.py) on 127.0.0.1, stopped after
+    the test."""
+    from judge_servers import OpenAIServer
+
+    with OpenAIServer() as s:
+        yield s
+
+
+@pytest.fixture
+def make_trainer(tmp_path):
+    """``make_trainer(cfg, out=tmp_path / "run")``: a Trainer as the tests build them, with no
+    pile cache and no progress bars."""
+    from digirl_lite.train import Trainer
+
+    def make(cfg, out=None):
+        return Trainer(cfg, tmp_path / "run" if out is None else out, cache_dir=None,
+                       progress=False)
+
+    return make

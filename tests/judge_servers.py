@@ -19,7 +19,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 __all__ = ["Planned", "Recorded", "ScriptedServer", "GeminiServer", "OpenAIServer",
-           "RoutedOpenAIServer", "gemini_reply", "openai_reply", "closed_port"]
+           "RoutedOpenAIServer", "gemini_reply", "openai_reply"]
 
 
 @dataclass
@@ -264,17 +264,6 @@ class RoutedOpenAIServer(OpenAIServer):
         if route is None:
             return Planned(404, openai_error(404, f"the model {model!r} does not exist"))
         return openai_reply(route(rec), model=model)
-
-
-def closed_port() -> int:
-    """A port on 127.0.0.1 that nothing listens on (bound, then released)."""
-    import socket
-
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 def wait_until(pred, timeout_s: float = 2.0) -> bool:

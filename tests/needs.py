@@ -75,3 +75,13 @@ def network_off(mp: pytest.MonkeyPatch) -> None:
     mp.setenv("HF_HUB_OFFLINE", "1")
     mp.setenv("TRANSFORMERS_OFFLINE", "1")
     mp.setattr(socket.socket, "connect", refuse)
+
+
+def free_port() -> int:
+    """A port on 127.0.0.1 that nothing listens on (bound, then released): for a server a test
+    starts, or for a client that must meet a refused connection."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

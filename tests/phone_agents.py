@@ -49,3 +49,12 @@ def play(env, agent, task, seed: int) -> tuple[float, dict]:
         obs, reward, term, trunc, info = env.step(agent.act(obs))
         if term or trunc:
             return reward, info
+
+
+def experts():
+    """The simulator's scripted expert on every slot of a fleet (it reads the phone's state:
+    for tests of the fleets, never of an agent)."""
+    from digirl_lite.envs.sim import ScriptedExpert
+    from digirl_lite.rollout.fleet import ScriptedBatchAgent
+
+    return ScriptedBatchAgent(lambda slot: ScriptedExpert())

@@ -24,7 +24,7 @@ scripted expert. Two sources, after two papers:
   ``back``; output that does not parse: ``xi`` repair and retry), scored the same way.
 
 Rules use the generic GUI primitives of :data:`PRIMITIVES` only; no primitive and no
-template names an element id, site or app of any phone (``tests/test_induction.py`` reads
+template names an element id, site or app of any phone (``tests/harness/test_induction.py`` reads
 them against the simulator's). The ids and texts an induced rule holds are the ones the
 agent saw on its screen.
 

@@ -134,7 +134,7 @@ class Learner:
     @property
     def cfg(self) -> Any:
         """The run's :class:`~digirl_lite.train.config.DigiRLConfig` (not imported here: the
-        learners sit below the Trainer, tests/test_layers.py)."""
+        learners sit below the Trainer, tests/package/test_layers.py)."""
         return self.run.cfg
 
     @property

@@ -23,7 +23,7 @@ allows, the row is left as they made it: the mask never empties a row.
 
 A premise, not a law: a task that asks to type something its instruction does not contain
 (a translation, a computed value, a reply) cannot be done under this mask. The setting is
-off by default (``copy_typed_text``); ``tests/test_copying.py`` checks the premise on every
+off by default (``copy_typed_text``); ``tests/policy/test_copying.py`` checks the premise on every
 shipped task list and split (what the simulator's expert types is a span of the line).
 
 A text the row's episode typed already (``typed``, kept per phone by the sampling agent where

@@ -9,7 +9,7 @@ arithmetic of T5's eager attention and of ``generate()``'s greedy loop (the logi
 processors, the pads after eos, the stop when every row has ended) and drops the rest: the
 self-attention keys and values go into preallocated tensors, the cross-attention's are
 projected once from the fused encoder states, the position bias is computed once for the
-whole action. ``tests/test_decoding.py`` checks it against ``generate()``: the same tokens
+whole action. ``tests/policy/test_decoding.py`` checks it against ``generate()``: the same tokens
 and per-token log-probabilities, sampled and greedy, with and without the grammar.
 """
 

@@ -32,7 +32,7 @@ def pile_key(cfg: Any, info: WorldInfo) -> str:
     (:func:`digirl_lite.envs.setup.world_info`): every setting that changes what it holds.
     The world's entries (``info.pile_key``) come after the starting policy's and before the
     copy path's; a simulator key is what it was when the trainer wrote its entries itself
-    (tests/test_pile_key.py), so cached piles and results keep their names."""
+    (tests/train/test_pile_key.py), so cached piles and results keep their names."""
     from digirl_lite.train.starting import sft_key
 
     c = cfg

@@ -164,7 +164,7 @@ class Trainer(StartingPolicyAndPile, Collection, AsyncCollection, RunFolder, Run
         # learns (``device``); their batches follow them. Both are initialised for every
         # learner and dropped where it asks for none: their draws keep torch's random
         # stream (which the phones' sampling reads) seed for seed what it was when every
-        # run held both (tests/test_behaviour_unchanged.py)
+        # run held both (tests/package/test_behaviour_unchanged.py)
         dev = self.accelerator.device
         step = StepCritic(d_t, d_i, hidden=cfg.critic_hidden, init_value=cfg.critic_init_value)
         instr = InstructionCritic(d_t, init_value=cfg.critic_init_value)

@@ -93,7 +93,7 @@ searches and 10 site visits, with prefixes ("hey", "ok", "please", "would you"),
 prepositions ("in", "via", "from") and articles ("search for a ..."). Written after the
 held-out split had been measured, so kept apart from it by rule: no held-out template, verb
 ("look up", "find", "need", "show", "get", "take", "pull up", "bring up", "want"), "top" or
-held-out "first entry" wording (``tests/test_phrasings.py`` checks)."""
+held-out "first entry" wording (``tests/sim/test_phrasings.py`` checks)."""
 
 HELD_OUT_PHRASINGS = Phrasings(
     level1=("take me to {d}", "pull up {d} please", "bring up {d}", "i want to go to {d}",
@@ -123,7 +123,7 @@ FINAL_PHRASINGS = Phrasings(
 end of issue 32's item 5 (session 12), after every design choice the held-out split
 ``webshop_unseen_phrasings`` had served (the span benchmark's readers, the extractor's data,
 the wide train phrasings were all chosen looking at that split). None of them is a template of
-another set (``tests/test_phrasings.py``); they recombine what the simulator's parser reads
+another set (``tests/sim/test_phrasings.py``); they recombine what the simulator's parser reads
 (prefixes, verbs, prepositions, selections) in frames no other set has. Not among the main
 job's ``eval_splits``: evaluate on it once, for a claim, and design on nothing it shows."""
 
@@ -336,7 +336,7 @@ with "Open" and "Launch" and asks with "What", "How", "Where", "Find", "Search f
 "Google", always from a capital letter; these open with "Start" (the one other verb the parser
 reads), search with "look up" (an explicit verb: its rest is the query) or ask with "tell me",
 "show me", "can you", "do you know" and "which" (a question: the whole text is the query), and
-most start lower case. ``tests/test_generalization_splits.py`` checks that no train line starts
+most start lower case. ``tests/sim/test_generalization_splits.py`` checks that no train line starts
 with one of these openers or matches one of these templates.
 
 Each search template keeps its train template's *content words*

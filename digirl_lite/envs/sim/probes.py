@@ -1,6 +1,6 @@
 """Checks that an image encoder sees what the policy needs on the simulated phone.
 
-Shared by ``tests/test_vision.py`` and ``benchmarks/bench_vision.py``:
+Shared by ``tests/policy/test_vision.py`` and ``benchmarks/bench_vision.py``:
 
 * :func:`collect_sim_screens` plays scripted-expert and copier episodes and keeps every
   distinct screen (by pixels) with a label: the page kind plus the overlay;
