@@ -3,11 +3,13 @@
 A learner is one file: a :class:`Learner` subclass registered under its ``algorithm`` name
 (:func:`digirl_lite.learners.register`) that declares what the run needs from it:
 
-- its config section: :attr:`Learner.reads` (the algorithm-specific fields of
-  :class:`~digirl_lite.train.config.DigiRLConfig` it reads; the other learners' are refused
-  away from their defaults), :attr:`Learner.defaults` (its values of the fields whose None
-  means "the algorithm's own": ``actor_lr``, ``policy_loss_norm``, ``offline_imitation``)
-  and :meth:`Learner.check_config` (its checks);
+- its config section: :attr:`Learner.Options` (a dataclass of settings no other learner
+  has, set as the config's ``learner_options``), :attr:`Learner.reads` (the
+  algorithm-specific fields of :class:`~digirl_lite.train.config.DigiRLConfig` it reads;
+  the other learners' are refused away from their defaults), :attr:`Learner.defaults`
+  (its values of the fields whose None means "the algorithm's own": ``actor_lr``,
+  ``policy_loss_norm``, ``offline_imitation``) and :meth:`Learner.check_config` (its
+  checks);
 - :attr:`Learner.critics` (the DigiRL critics the run builds, trains' optimiser and
   checkpoints for it) and :meth:`Learner.state_dict` (its own checkpointed state);
 - :meth:`Learner.draw_tasks` (how an online iteration draws its tasks);
@@ -108,6 +110,38 @@ class Learner:
     data_parallel: ClassVar[bool] = True
     """Whether it runs under ``accelerate launch`` with several processes (every process
     takes the same number of collective steps)."""
+    Options: ClassVar[type | None] = None
+    """A dataclass of the settings no other learner has, defaults included, declared in the
+    learner's own file; a run sets them as ``learner_options`` ({"name": value}, checked
+    by :meth:`parse_options`) and the learner reads them as :attr:`options`."""
+
+    @classmethod
+    def parse_options(cls, given: dict[str, Any]) -> Any:
+        """``given`` (a config's ``learner_options``) as an :attr:`Options` instance (None
+        for a learner without options). Raises ``ConfigError`` naming ``learner_options``
+        and the option: one this learner does not declare, or a value its ``Options``
+        refuses (a ``ValueError`` or ``TypeError`` from it)."""
+        import dataclasses
+
+        from digirl_lite.errors import ConfigError
+
+        if not isinstance(given, dict):
+            raise ConfigError(f"learner_options must be an object of option: value, not "
+                              f"{given!r}")
+        if cls.Options is None:
+            if given:
+                raise ConfigError(f"learner_options {sorted(given)}: algorithm {cls.name!r} "
+                                  "declares no options of its own (its learner's Options)")
+            return None
+        known = [f.name for f in dataclasses.fields(cls.Options)]
+        unknown = sorted(set(given) - set(known))
+        if unknown:
+            raise ConfigError(f"learner_options: algorithm {cls.name!r} has no option "
+                              f"{', '.join(map(repr, unknown))} (its options: {known})")
+        try:
+            return cls.Options(**given)
+        except (TypeError, ValueError) as e:
+            raise ConfigError(f"learner_options of algorithm {cls.name!r}: {e}") from None
 
     @classmethod
     def check_config(cls, cfg: Any) -> None:
@@ -136,6 +170,11 @@ class Learner:
         """The run's :class:`~digirl_lite.train.config.DigiRLConfig` (not imported here: the
         learners sit below the Trainer, tests/package/test_layers.py)."""
         return self.run.cfg
+
+    @property
+    def options(self) -> Any:
+        """The run's ``learner_options`` as this learner's :attr:`Options` (None without)."""
+        return self.parse_options(getattr(self.cfg, "learner_options", {}))
 
     @property
     def policy(self):

@@ -5,6 +5,7 @@ Trainer, the config, the viewer and the report take it from there with no edit e
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from types import SimpleNamespace
 
 import numpy as np
@@ -14,12 +15,25 @@ from digirl_lite.learners import learner_class, learner_names, register
 from digirl_lite.learners.base import Learner
 
 
+@dataclass
+class EverySuccessOptions:
+    """Settings only this learner has (the config's ``learner_options``)."""
+
+    minibatch: int = 4
+    """Steps per update."""
+
+    def __post_init__(self):
+        if not (isinstance(self.minibatch, int) and self.minibatch > 0):
+            raise ValueError(f"minibatch must be a positive int, not {self.minibatch!r}")
+
+
 @register("every_success_test")
 class EverySuccess(Learner):
     """Imitates every valid step of the buffer's successes; no critics; each online task
-    drawn twice in a row; one process."""
+    drawn twice in a row; one process; its own setting ``minibatch``."""
 
     defaults = {"actor_lr": 3e-4}
+    Options = EverySuccessOptions
     data_parallel = False
     offline_work = "actor"
 
@@ -33,11 +47,16 @@ class EverySuccess(Learner):
         loss = float("nan")
         for _ in self.run.iterate(updates, "actor"):
             if steps:
-                idx = self.rng.integers(0, len(steps), 4)
+                idx = self.rng.integers(0, len(steps), self.options.minibatch)
+                self.batches.append(len(idx))
                 loss = mle_update(self.policy, self.run.actor_opt, [steps[i] for i in idx],
                                   self.run.screens, self.cfg.actor_grad_clip,
                                   self.run.accelerator)
         return {"actor_loss": loss, "kept_steps": len(steps)}
+
+    def __init__(self, run) -> None:
+        super().__init__(run)
+        self.batches: list[int] = []
 
     def offline(self, pile):
         return self.run.timed("offline_actor", lambda: self._imitate(
@@ -98,15 +117,17 @@ def test_a_learner_of_one_file_runs_the_quick_job(tmp_path):
     small = {"pile_size": 8, "eval_tasks": 4, "iterations": 2, "rollouts_per_iteration": 4,
              "n_envs": 4, "offline_actor_updates": 2, "actor_updates": 2, "horizon": 6,
              "seed": 3}
-    t = Trainer(sim_quick(**small, algorithm="every_success_test"), tmp_path,
+    t = Trainer(sim_quick(**small, algorithm="every_success_test",
+                          learner_options={"minibatch": 3}), tmp_path,
                 cache_dir=None, progress=False)
-    assert isinstance(t.learner, EverySuccess)
+    assert isinstance(t.learner, EverySuccess) and t.learner.options.minibatch == 3
     assert t.step_critic is None and t.instr_critic is None and t.critic_opt is None
     assert t.actor_opt.param_groups[0]["lr"] == 3e-4
     # one name, one thing: the process count is world_size, cfg.world the task set
     assert t.world_size == 1 and not hasattr(t, "world") and t.cfg.world == "webshop"
     summary = t.run()
     assert {"offline", "online"} <= set(summary["stages"])
+    assert t.learner.batches and set(t.learner.batches) == {3}  # its own setting, read
     online = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     online = [r for r in online if r.get("stage") == "online"]
     assert [r["iteration"] for r in online] == [1, 2]
@@ -197,3 +218,26 @@ def test_plot_leaves_matplotlib_backend_alone(tmp_path):
         assert matplotlib.get_backend() == "svg"
     finally:
         matplotlib.use(before)
+
+
+@pytest.mark.slow  # the config's first checks, ~0.7 s
+def test_a_learners_own_options_are_checked_by_name():
+    """``learner_options`` holds the settings only the run's learner has: its ``Options``
+    defaults, an unknown option or a refused value a ConfigError naming it, options given
+    to a learner without any refused, and another algorithm's options not carried over."""
+    from digirl_lite.errors import ConfigError
+    from digirl_lite.train.config import DigiRLConfig, sim_quick, with_algorithm
+
+    assert EverySuccess.parse_options({}).minibatch == 4
+    cfg = sim_quick(algorithm="every_success_test", learner_options={"minibatch": 8})
+    assert DigiRLConfig.from_dict(cfg.as_dict()).learner_options == {"minibatch": 8}
+    with pytest.raises(ConfigError, match=r"no option 'minbatch' \(its options: \['minibatch'\]"):
+        sim_quick(algorithm="every_success_test", learner_options={"minbatch": 8})
+    with pytest.raises(ConfigError, match="learner_options of algorithm 'every_success_test'"
+                                          ": minibatch must be a positive int"):
+        sim_quick(algorithm="every_success_test", learner_options={"minibatch": 0})
+    with pytest.raises(ConfigError, match="algorithm 'digirl' declares no options"):
+        sim_quick(learner_options={"minibatch": 8})
+    with pytest.raises(ConfigError, match="learner_options must be an object"):
+        EverySuccess.parse_options(["minibatch"])
+    assert with_algorithm(cfg, "digirl").learner_options == {}

@@ -11,11 +11,11 @@ from typing import Any
 
 from digirl_lite.errors import ConfigError
 from digirl_lite.learners import learner_class, learner_names
+from digirl_lite.learners.ppo import OnPolicyConfig
 from digirl_lite.train.config import evaluation, fleet, learning, policy, run, sft, simulator
 from digirl_lite.train.config.evaluation import EVAL_ONLY, EvaluationConfig
 from digirl_lite.train.config.fleet import FleetConfig
 from digirl_lite.train.config.learning import LearningConfig
-from digirl_lite.train.config.on_policy import OnPolicyConfig
 from digirl_lite.train.config.policy import PolicyConfig
 from digirl_lite.train.config.run import RunConfig
 from digirl_lite.train.config.sft import StartingPolicyConfig
@@ -67,7 +67,9 @@ class DigiRLConfig(OnPolicyConfig, LearningConfig, EvaluationConfig, SimulatorCo
     :class:`~.policy.PolicyConfig` (the policy), :class:`~.sft.StartingPolicyConfig` (the
     starting policy), :class:`~.simulator.SimulatorConfig` (the simulated phone),
     :class:`~.evaluation.EvaluationConfig` (evaluations), :class:`~.learning.LearningConfig`
-    (critics, filters, actor) and :class:`~.on_policy.OnPolicyConfig` (PPO, GRPO)."""
+    (critics, filters, actor) and PPO's and GRPO's section, which lives with them
+    (:class:`digirl_lite.learners.ppo.OnPolicyConfig`). A learner's settings of its own
+    (fields no other learner has) go in ``learner_options`` (:attr:`Learner.Options`)."""
 
     def resolved(self, name: str) -> Any:
         """Field ``name``, or, where it is None, the algorithm's own value (its learner's
@@ -215,5 +217,7 @@ def with_algorithm(cfg: DigiRLConfig, algorithm: str) -> DigiRLConfig:
     learner cannot take made fit (:meth:`~digirl_lite.learners.base.Learner.carry_over`)."""
     learner = learner_class(algorithm)
     defaults = {f.name: f.default for f in fields(DigiRLConfig)}
-    d = learner.carry_over({**cfg.as_dict(), "algorithm": algorithm}, defaults)
+    # the learner's own settings (learner_options) are another learner's: not carried over
+    d = learner.carry_over({**cfg.as_dict(), "algorithm": algorithm, "learner_options": {}},
+                           defaults)
     return DigiRLConfig.from_dict({**d, **{k: defaults[k] for k in unread(algorithm)}})

@@ -1,14 +1,15 @@
 """DigiRL's updates (spec/DIGIRL.md sections 5-7): the critics, the filters (Eq. 4.3, 4.4),
 AWR's weights (Eq. 4.1) and the actor. The learners say which of these they read
 (:attr:`~digirl_lite.learners.base.Learner.reads`); PPO's and GRPO's own are in
-:mod:`~digirl_lite.train.config.on_policy`.
+:class:`digirl_lite.learners.ppo.OnPolicyConfig`, and a learner's own settings
+``learner_options`` (:attr:`~digirl_lite.learners.base.Learner.Options`).
 
 Where a default departs from the paper, ``docs/config.md`` says why and what it measured.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from digirl_lite.errors import ConfigError
@@ -67,6 +68,9 @@ class LearningConfig:
     actor_precision: str = "fp32"
     """The actor update's matrix products: "fp32", or "bf16" (autocast; fp32 weights,
     optimiser and log-softmax). Refused on a CPU without bf16 hardware."""
+    learner_options: dict[str, Any] = field(default_factory=dict)
+    """The settings of the algorithm's learner that no other learner has (its ``Options``
+    dataclass, read as ``learner.options``); an option it does not declare is an error."""
 
 
 def check(cfg: Any) -> None:
@@ -77,7 +81,9 @@ def check(cfg: Any) -> None:
     if cfg.actor_precision not in ("bf16", "fp32"):
         raise ValueError(f"actor_precision must be 'bf16' or 'fp32', "
                          f"got {cfg.actor_precision!r}")
-    learner_class(cfg.algorithm).check_config(cfg)  # its own fields (digirl_lite.learners)
+    learner = learner_class(cfg.algorithm)
+    learner.parse_options(cfg.learner_options)  # its own settings, refused by name
+    learner.check_config(cfg)  # its own fields (digirl_lite.learners)
     if cfg.actor_precision == "bf16" and cfg.device in ("cpu", "auto"):
         import torch
 
