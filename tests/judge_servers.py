@@ -10,7 +10,10 @@ and parsed body) for assertions.
 
 from __future__ import annotations
 
+import base64
+import io
 import json
+import re
 import threading
 import time
 from collections import deque
@@ -18,8 +21,11 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from PIL import Image
+
 __all__ = ["Planned", "Recorded", "ScriptedServer", "GeminiServer", "OpenAIServer",
-           "RoutedOpenAIServer", "gemini_reply", "openai_reply"]
+           "RoutedOpenAIServer", "gemini_reply", "openai_reply", "ServerCase", "request_parts",
+           "decode_png"]
 
 
 @dataclass
@@ -273,3 +279,67 @@ def wait_until(pred, timeout_s: float = 2.0) -> bool:
             return True
         time.sleep(0.01)
     return pred()
+
+
+# -- reading requests back ------------------------------------------------------------------
+def decode_png(b64: str, urlsafe: bool = False) -> Image.Image:
+    """Strict base64 (OpenAI data: URIs); ``urlsafe``: also the URL-safe alphabet, which
+    protobuf JSON accepts for ``bytes`` fields and google-genai sends."""
+    if urlsafe:
+        b64 = b64.replace("-", "+").replace("_", "/")
+    raw = base64.b64decode(b64, validate=True)
+    assert raw[:8] == b"\x89PNG\r\n\x1a\n", "image bytes are not a PNG"
+    im = Image.open(io.BytesIO(raw))
+    im.load()
+    assert im.format == "PNG"
+    return im
+
+
+def request_parts(kind: str, rec: Recorded) -> list:
+    """The prompt as sent: ("text", str) and ("image", PIL image) in order."""
+    out: list = []
+    body = rec.json
+    assert isinstance(body, dict), f"request body is not JSON: {rec.raw[:200]!r}"
+    if kind == "gemini":
+        for content in body["contents"]:
+            assert content.get("role", "user") == "user"
+            for p in content["parts"]:
+                if "text" in p:
+                    out.append(("text", p["text"]))
+                else:
+                    d = p.get("inlineData") or p.get("inline_data")
+                    assert d is not None, f"unexpected part {sorted(p)}"
+                    assert (d.get("mimeType") or d.get("mime_type")) == "image/png"
+                    out.append(("image", decode_png(d["data"], urlsafe=True)))
+    else:
+        msgs = body["messages"]
+        assert len(msgs) == 1 and msgs[0]["role"] == "user"
+        for p in msgs[0]["content"]:
+            if p["type"] == "text":
+                out.append(("text", p["text"]))
+            else:
+                assert p["type"] == "image_url"
+                m = re.fullmatch(r"data:image/png;base64,(.+)", p["image_url"]["url"], re.S)
+                assert m, p["image_url"]["url"][:60]
+                out.append(("image", decode_png(m.group(1))))
+    return out
+
+
+class ServerCase:
+    """One protocol ("gemini" or "openai") against its local ``server``, for tests that run
+    once per protocol: the key variable it reads (set to ``secret``), its base URL (or a
+    dead port's), and a request's prompt read back (:func:`request_parts`). Each test file
+    subclasses it with what it builds (backends, configs)."""
+
+    def __init__(self, kind: str, server: ScriptedServer, monkeypatch, secret: str) -> None:
+        self.kind = kind
+        self.server = server
+        self.key_env = "GEMINI_API_KEY" if kind == "gemini" else "OPENAI_API_KEY"
+        monkeypatch.setenv(self.key_env, secret)
+
+    def url(self, port: int | None = None) -> str:
+        base = self.server.url if port is None else f"http://127.0.0.1:{port}"
+        return base if self.kind == "gemini" else base + "/v1"
+
+    def parts(self, rec: Recorded) -> list:
+        return request_parts(self.kind, rec)

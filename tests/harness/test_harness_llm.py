@@ -7,10 +7,7 @@ episode of a harness around a prompted agent on the simulated phone.
 
 from __future__ import annotations
 
-import base64
-import io
 import json
-import re
 import sys
 import traceback
 
@@ -19,10 +16,9 @@ from judge_servers import (
     GeminiServer,
     OpenAIServer,
     Recorded,
-    ScriptedServer,
+    ServerCase,
 )
 from needs import free_port
-from PIL import Image
 
 from digirl_lite.actions import Action, ActionType, format_action, parse_action
 from digirl_lite.envs.base import Observation
@@ -57,25 +53,12 @@ MALFORMED = "I think the next step is to tap on the Chrome icon."
 pytestmark = pytest.mark.usefixtures("no_judge_keys")
 
 
-class Case:
+class Case(ServerCase):
     """One protocol against its local server: backends for it, its requests read back."""
-
-    def __init__(self, kind: str, server: ScriptedServer, monkeypatch) -> None:
-        self.kind = kind
-        self.server = server
-        self.key_env = "GEMINI_API_KEY" if kind == "gemini" else "OPENAI_API_KEY"
-        monkeypatch.setenv(self.key_env, SECRET)
-
-    def url(self, port: int | None = None) -> str:
-        base = self.server.url if port is None else f"http://127.0.0.1:{port}"
-        return base if self.kind == "gemini" else base + "/v1"
 
     def config(self, port: int | None = None, **kw) -> dict:
         model = "gemini-test" if self.kind == "gemini" else "qwen-vl"
         return {"backend": self.kind, "model": model, "base_url": self.url(port), **kw}
-
-    def parts(self, rec: Recorded) -> list:
-        return sent_parts(self.kind, rec)
 
     def texts(self, rec: Recorded) -> str:
         return "\n".join(v for k, v in self.parts(rec) if k == "text")
@@ -85,40 +68,13 @@ class Case:
 def case(request, monkeypatch):
     server = GeminiServer() if request.param == "gemini" else OpenAIServer()
     with server:
-        yield Case(request.param, server, monkeypatch)
+        yield Case(request.param, server, monkeypatch, SECRET)
 
 
 @pytest.fixture
 def openai_case(monkeypatch):
     with OpenAIServer() as server:
-        yield Case("openai", server, monkeypatch)
-
-
-def sent_parts(kind: str, rec: Recorded) -> list:
-    """The prompt as it went over the wire: ("text", str) and ("image", PIL image)."""
-    out: list = []
-    body = rec.json
-    assert isinstance(body, dict), rec.raw[:200]
-    if kind == "gemini":
-        assert len(body["contents"]) == 1
-        for p in body["contents"][0]["parts"]:
-            if "text" in p:
-                out.append(("text", p["text"]))
-            else:
-                d = p.get("inlineData") or p.get("inline_data")
-                data = d["data"].replace("-", "+").replace("_", "/")
-                out.append(("image", Image.open(io.BytesIO(base64.b64decode(data)))))
-    else:
-        msgs = body["messages"]
-        assert len(msgs) == 1 and msgs[0]["role"] == "user"
-        for p in msgs[0]["content"]:
-            if p["type"] == "text":
-                out.append(("text", p["text"]))
-            else:
-                m = re.fullmatch(r"data:image/png;base64,(.+)", p["image_url"]["url"], re.S)
-                assert m
-                out.append(("image", Image.open(io.BytesIO(base64.b64decode(m.group(1))))))
-    return out
+        yield Case("openai", server, monkeypatch, SECRET)
 
 
 @pytest.fixture(scope="module")

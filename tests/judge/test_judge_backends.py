@@ -6,8 +6,6 @@ classification, one request per call, and the judge's retries, backoff and verdi
 
 from __future__ import annotations
 
-import base64
-import io
 import json
 import logging
 import re
@@ -23,7 +21,8 @@ from judge_servers import (
     OpenAIServer,
     Planned,
     Recorded,
-    ScriptedServer,
+    ServerCase,
+    request_parts,
 )
 from needs import free_port
 from PIL import Image
@@ -54,18 +53,8 @@ def gemini_server():
         yield s
 
 
-class Case:
+class Case(ServerCase):
     """One backend kind against its server: builds backends, reads requests back."""
-
-    def __init__(self, kind: str, server: ScriptedServer, monkeypatch) -> None:
-        self.kind = kind
-        self.server = server
-        self.key_env = "GEMINI_API_KEY" if kind == "gemini" else "OPENAI_API_KEY"
-        monkeypatch.setenv(self.key_env, SECRET)
-
-    def url(self, port: int | None = None) -> str:
-        base = self.server.url if port is None else f"http://127.0.0.1:{port}"
-        return base if self.kind == "gemini" else base + "/v1"
 
     def make(self, port: int | None = None, **kw):
         if self.kind == "gemini":
@@ -78,15 +67,12 @@ class Case:
         auth = rec.header("Authorization")
         return auth[len("Bearer "):] if auth and auth.startswith("Bearer ") else auth
 
-    def parts(self, rec: Recorded) -> list:
-        return request_parts(self.kind, rec)
-
 
 @pytest.fixture(params=["gemini", "openai"])
 def case(request, monkeypatch):
     server = GeminiServer() if request.param == "gemini" else OpenAIServer()
     with server:
-        yield Case(request.param, server, monkeypatch)
+        yield Case(request.param, server, monkeypatch, SECRET)
 
 
 def pattern_image(w: int, h: int, seed: int = 0) -> Image.Image:
@@ -107,49 +93,6 @@ def quadrant_image(w: int = 1080, h: int = 2280) -> Image.Image:
 
 QUADRANT_COLOURS = {(0.25, 0.25): (255, 0, 0), (0.75, 0.25): (0, 255, 0),
                     (0.25, 0.75): (0, 0, 255), (0.75, 0.75): (250, 250, 20)}
-
-
-def decode_png(b64: str, urlsafe: bool = False) -> Image.Image:
-    """Strict base64 (OpenAI data: URIs); ``urlsafe``: also the URL-safe alphabet, which
-    protobuf JSON accepts for ``bytes`` fields and google-genai sends."""
-    if urlsafe:
-        b64 = b64.replace("-", "+").replace("_", "/")
-    raw = base64.b64decode(b64, validate=True)
-    assert raw[:8] == b"\x89PNG\r\n\x1a\n", "image bytes are not a PNG"
-    im = Image.open(io.BytesIO(raw))
-    im.load()
-    assert im.format == "PNG"
-    return im
-
-
-def request_parts(kind: str, rec: Recorded) -> list:
-    """The prompt as sent: ("text", str) and ("image", PIL image) in order."""
-    out: list = []
-    body = rec.json
-    assert isinstance(body, dict), f"request body is not JSON: {rec.raw[:200]!r}"
-    if kind == "gemini":
-        for content in body["contents"]:
-            assert content.get("role", "user") == "user"
-            for p in content["parts"]:
-                if "text" in p:
-                    out.append(("text", p["text"]))
-                else:
-                    d = p.get("inlineData") or p.get("inline_data")
-                    assert d is not None, f"unexpected part {sorted(p)}"
-                    assert (d.get("mimeType") or d.get("mime_type")) == "image/png"
-                    out.append(("image", decode_png(d["data"], urlsafe=True)))
-    else:
-        msgs = body["messages"]
-        assert len(msgs) == 1 and msgs[0]["role"] == "user"
-        for p in msgs[0]["content"]:
-            if p["type"] == "text":
-                out.append(("text", p["text"]))
-            else:
-                assert p["type"] == "image_url"
-                m = re.fullmatch(r"data:image/png;base64,(.+)", p["image_url"]["url"], re.S)
-                assert m, p["image_url"]["url"][:60]
-                out.append(("image", decode_png(m.group(1))))
-    return out
 
 
 def same_pixels(a: Image.Image, b: Image.Image) -> bool:
@@ -340,7 +283,7 @@ def test_closed_port_is_retryable(case, monkeypatch):
 @pytest.mark.parametrize("kind", ["gemini", "openai"])
 def test_malformed_body_is_a_retryable_backend_error(kind, request, monkeypatch):
     server = request.getfixturevalue(f"{kind}_server")
-    c = Case(kind, server, monkeypatch)
+    c = Case(kind, server, monkeypatch, SECRET)
     server.malformed(b"{not json")
     with pytest.raises(BackendError) as ei:
         c.make().generate(["x"])
@@ -541,7 +484,7 @@ def test_paper_malformed_reply_throughout_is_unjudged(case):
 @pytest.mark.parametrize("kind", ["gemini", "openai"])
 def test_paper_malformed_body_is_retried(kind, request, monkeypatch):
     server = request.getfixturevalue(f"{kind}_server")
-    c = Case(kind, server, monkeypatch)
+    c = Case(kind, server, monkeypatch, SECRET)
     server.malformed(b"<html>502 Bad Gateway</html>")
     server.reply(SUCCESS_REPLY)
     judge, sleeps = make_judge(c)
