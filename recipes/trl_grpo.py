@@ -11,6 +11,7 @@ server's judge). The prompts are the world's training instructions
 (:func:`~digirl_lite.envs.sim.trl_tools.task_dataset`), each with its own env seed.
 
     python recipes/trl_grpo.py --tiny --max-steps 2            # a tiny random Qwen3, CPU
+    python recipes/trl_grpo.py --tiny --warmup                 # SFT warm-up, then GRPO (issue 51)
     python recipes/trl_grpo.py --model /path/to/Qwen3-0.6B --max-steps 200 \\
         --num-generations 8 --batch 8 --max-completion-length 2048
 
@@ -21,6 +22,17 @@ template TRL knows how to parse tool calls from: Qwen2.5, Qwen3, Llama 3.1/3.2, 
 learns nothing, but every part of the loop runs and its cost is measured. The run writes
 ``summary.json`` (the command, seconds per training step, the rewards TRL logged, episodes
 served) and TRL's own output into ``--out``.
+
+``--warmup`` (issue 51) first trains the model with TRL's ``SFTTrainer`` on the scripted
+expert's episodes written as tool calls in this recipe's chat format
+(:func:`~digirl_lite.envs.sim.trl_warmup.expert_conversations`), so that it writes the tool
+calls GRPO's parser reads; then measures held-out success with the package's evaluation
+(:func:`~digirl_lite.envs.sim.trl_warmup.evaluate_tool_model`: the first ``--eval-tasks`` test
+tasks, true rate beside the judged one, the share of valid tool calls), runs GRPO from there
+and measures again, and prints both in the main job's table (stages ``sft`` and ``grpo``).
+An episode an infrastructure fault ended (server error, lost session) gets no reward: TRL
+leaves it out of its group (a start is retried once on a new connection); ``summary.json``
+counts them. A ``--model`` whose chat template cannot write tool calls is refused first.
 """
 
 from __future__ import annotations
@@ -56,6 +68,18 @@ def main(argv: list[str] | None = None) -> dict:
                     help="tool calls per episode (the phone's own budget H ends it too)")
     ap.add_argument("--max-nodes", type=int, default=40, help="screen lines shown per step")
     ap.add_argument("--learning-rate", type=float, default=1e-6)
+    ap.add_argument("--beta", type=float, default=0.0,
+                    help="KL coefficient against the start (TRL's default 0.0)")
+    ap.add_argument("--temperature", type=float, default=1.0, help="GRPO's sampling temperature")
+    w = ap.add_argument_group("SFT warm-up and held-out evaluation (--warmup)")
+    w.add_argument("--warmup", action="store_true",
+                   help="SFT on the expert's tool calls first; evaluate before and after GRPO")
+    w.add_argument("--sft-episodes", type=int, default=64, help="expert episodes to imitate")
+    w.add_argument("--sft-steps", type=int, default=200, help="SFT optimizer steps")
+    w.add_argument("--sft-batch", type=int, default=4)
+    w.add_argument("--sft-learning-rate", type=float, default=1e-3)
+    w.add_argument("--eval-tasks", type=int, default=32, help="held-out test tasks evaluated")
+    w.add_argument("--eval-envs", type=int, default=8, help="phones the evaluation runs at once")
     args = ap.parse_args(argv)
 
     try:
@@ -67,6 +91,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     from digirl_lite.envs.sim.openenv import LocalServer
     from digirl_lite.envs.sim.trl_tools import phone_tools, task_dataset
+    from digirl_lite.envs.sim.trl_warmup import ToolTemplateError, check_tool_template
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -81,7 +106,16 @@ def main(argv: list[str] | None = None) -> dict:
         raise SystemExit(f"--model {model!r} is not a directory (nothing is downloaded: give a "
                          "local checkpoint)")
     tok = AutoTokenizer.from_pretrained(model)
+    try:  # before any training: a model that cannot write tool calls TRL reads learns nothing
+        tok = check_tool_template(tok)
+    except ToolTemplateError as e:
+        raise SystemExit(f"--model {model}: {e}") from None
     tok.padding_side = "left"
+    stages: dict[str, dict] = {}
+    phases: dict[str, dict] = {}
+    if args.warmup:
+        model = _sft(args, model, tok, out, phases)
+        stages["sft"] = _evaluate(args, model, tok)
     server = None
     url = args.env_url
     if url is None:
@@ -97,6 +131,7 @@ def main(argv: list[str] | None = None) -> dict:
             per_device_train_batch_size=args.batch, num_generations=args.num_generations,
             max_completion_length=args.max_completion_length,
             max_tool_calling_iterations=args.max_tool_calls, learning_rate=args.learning_rate,
+            beta=args.beta, temperature=args.temperature,
             logging_steps=1, save_strategy="no", report_to="none", seed=args.seed,
             use_cpu=not _cuda(), bf16=False, chat_template_kwargs={"enable_thinking": False},
             log_completions=False, dataloader_num_workers=0)
@@ -109,6 +144,11 @@ def main(argv: list[str] | None = None) -> dict:
         if server is not None:
             server.stop()
     logs = [r for r in trainer.state.log_history if "reward" in r]
+    steps = trainer.state.global_step
+    phases["grpo"] = {"steps": steps, "wall_s": round(seconds, 1),
+                      "steps_per_s": round(steps / seconds, 4) if seconds else None}
+    if args.warmup:
+        stages["grpo"] = _evaluate(args, trainer.model, tok)
     summary = {
         "command": "python recipes/trl_grpo.py " + " ".join(argv if argv is not None
                                                            else sys.argv[1:]),
@@ -119,14 +159,86 @@ def main(argv: list[str] | None = None) -> dict:
         "episodes_served": tools.resets,
         "rollouts_per_step": args.batch,
         "rewards": [{k: r[k] for k in r if k.startswith("reward") or k.startswith("rewards/")
-                     or k in ("step", "loss", "tools/call_frequency", "tools/failure_frequency")}
+                     or k in ("step", "loss", "kl", "entropy", "tools/call_frequency",
+                              "tools/failure_frequency")}
                     for r in logs],
+        "infrastructure": {"faults": tools.faults, "retried_starts": tools.retries,
+                           "note": "episodes an infrastructure fault ended got no reward "
+                                   "(None: TRL leaves them out of their group)"},
+        "phases": phases,
+        "settings": {k: getattr(args, k) for k in (
+            "world", "tasks", "seed", "max_steps", "batch", "num_generations",
+            "max_completion_length", "max_tool_calls", "max_nodes", "learning_rate", "beta",
+            "temperature", "warmup", "sft_episodes", "sft_steps", "sft_batch",
+            "sft_learning_rate", "eval_tasks")},
         "omp_threads": os.environ.get("OMP_NUM_THREADS"),
     }
+    if args.warmup:
+        summary["stages"] = stages
+        summary["before"] = _rates(stages["sft"])
+        summary["after"] = _rates(stages["grpo"])
     (out / "summary.json").write_text(json.dumps(summary, indent=1, default=float))
     print(json.dumps({k: summary[k] for k in ("steps", "train_seconds", "seconds_per_step",
                                               "episodes_served")}))
+    if args.warmup:
+        from digirl_lite.train.cli import print_table
+
+        print_table({f"seed {args.seed}": {"stages": stages}}, args.eval_tasks,
+                    stages=("sft", "grpo"))
+        print("valid tool calls: " + ", ".join(
+            f"{k} {100 * r['valid_tool_call_share']:.1f}%" for k, r in stages.items()))
     return summary
+
+
+def _sft(args: argparse.Namespace, model: str, tok, out: Path, phases: dict) -> str:
+    """SFT on the expert's tool calls; returns the trained model's directory."""
+    from trl import SFTConfig, SFTTrainer
+
+    from digirl_lite.envs.sim.trl_warmup import expert_conversations
+
+    data, counts = expert_conversations(args.world, n=args.sft_episodes, seed=args.seed,
+                                        max_nodes=args.max_nodes)
+    cfg = SFTConfig(
+        output_dir=str(out / "sft_trl"), max_steps=args.sft_steps,
+        per_device_train_batch_size=args.sft_batch, learning_rate=args.sft_learning_rate,
+        lr_scheduler_type="constant", assistant_only_loss=True, max_length=None,
+        logging_steps=10, save_strategy="no", report_to="none", seed=args.seed,
+        use_cpu=not _cuda(), bf16=False, dataloader_num_workers=0)
+    trainer = SFTTrainer(model=model, args=cfg, train_dataset=data, processing_class=tok)
+    t0 = time.perf_counter()
+    trainer.train()
+    seconds = time.perf_counter() - t0
+    trainer.save_model(str(out / "sft"))
+    tok.save_pretrained(str(out / "sft"))
+    steps = trainer.state.global_step
+    phases["sft"] = {"steps": steps, "wall_s": round(seconds, 1),
+                     "steps_per_s": round(steps / seconds, 4) if seconds else None,
+                     "data": counts,
+                     "loss": [{"step": r["step"], "loss": r["loss"]}
+                              for r in trainer.state.log_history if "loss" in r]}
+    return str(out / "sft")
+
+
+def _evaluate(args: argparse.Namespace, model, tok) -> dict:
+    """Held-out success through the package's evaluation (a model or its directory)."""
+    from digirl_lite.envs.sim.trl_warmup import evaluate_tool_model
+
+    if isinstance(model, str):
+        from transformers import AutoModelForCausalLM
+
+        model = AutoModelForCausalLM.from_pretrained(model)
+    report = evaluate_tool_model(model, tok, args.world, n_tasks=args.eval_tasks,
+                                 seed=args.seed, n_envs=args.eval_envs,
+                                 max_nodes=args.max_nodes,
+                                 max_completion_length=args.max_completion_length)
+    report.pop("not_evaluated", None)
+    return report
+
+
+def _rates(report: dict) -> dict:
+    return {k: report[k] for k in ("success_rate", "true_success_rate", "ci95", "true_ci95",
+                                   "valid_tool_call_share", "invalid_step_rate", "mean_length",
+                                   "episodes", "seconds")}
 
 
 def _cuda() -> bool:

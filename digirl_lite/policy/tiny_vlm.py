@@ -58,7 +58,8 @@ SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>",
 
 
 def _tokenizer(vocab_size: int, corpus: Iterable[str], special: list[str] = SPECIAL,
-               chat_template: str = CHAT_TEMPLATE, extra_text: tuple[str, ...] = ()):
+               chat_template: str = CHAT_TEMPLATE, extra_text: tuple[str, ...] = (),
+               markup: tuple[str, ...] = (), action_pieces: bool = True):
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import Qwen2TokenizerFast
 
@@ -71,9 +72,13 @@ def _tokenizer(vocab_size: int, corpus: Iterable[str], special: list[str] = SPEC
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
                                   show_progress=False)
     tok.train_from_iterator(list(corpus) + list(extra_text), trainer=trainer)
+    # markup (Qwen3's <tool_call>, <think>, ...): one token each but not special, as in
+    # Qwen3's own tokenizer, so decoding keeps it and TRL's parser finds the tool calls
+    tok.add_tokens([AddedToken(p, normalized=False, special=False) for p in markup])
     # the action format's pieces and every 4-decimal coordinate as one token each, as in
     # the Auto-UI preset's tokenizer: a tap is then ~13 tokens to write, not ~56
-    tok.add_tokens([AddedToken(p, normalized=False) for p in ACTION_PIECES + COORD_PIECES])
+    if action_pieces:  # (a tool-calling model writes no coordinates: 10k fewer logits)
+        tok.add_tokens([AddedToken(p, normalized=False) for p in ACTION_PIECES + COORD_PIECES])
     return Qwen2TokenizerFast(tokenizer_object=tok, bos_token=None, eos_token="<|im_end|>",
                               pad_token="<|endoftext|>", unk_token=None,
                               additional_special_tokens=special[1:], chat_template=chat_template)
@@ -84,8 +89,11 @@ TINY_LM: dict[str, Any] = {"hidden_size": 64, "intermediate_size": 256, "num_hid
                            "vocab_size": 1024}
 """The tiny text model's sizes (:func:`make_tiny_chat_lm`)."""
 
-QWEN3_SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<tool_call>", "</tool_call>",
-                 "<tool_response>", "</tool_response>", "<think>", "</think>"]
+QWEN3_SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+QWEN3_MARKUP = ("<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<think>",
+                "</think>")
+"""Qwen3's added tokens that are not special (decoding keeps them: TRL parses tool calls
+from the decoded reply)."""
 
 
 def make_tiny_chat_lm(out: str | Path, seed: int = 0, *, corpus: Iterable[str],
@@ -112,7 +120,8 @@ def make_tiny_chat_lm(out: str | Path, seed: int = 0, *, corpus: Iterable[str],
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     tok = _tokenizer(s["vocab_size"], corpus, QWEN3_SPECIAL, qwen3_chat_template,
-                     extra_text=(qwen3_chat_template,))
+                     extra_text=(qwen3_chat_template,), markup=QWEN3_MARKUP,
+                     action_pieces=False)
     ids = {t: tok.convert_tokens_to_ids(t) for t in QWEN3_SPECIAL}
     config = Qwen3Config(vocab_size=len(tok), hidden_size=s["hidden_size"],
                          intermediate_size=s["intermediate_size"],

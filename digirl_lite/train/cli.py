@@ -12,6 +12,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -198,19 +199,25 @@ def cache_dir_of(args: argparse.Namespace):
     return USER_CACHE if args.cache_dir is None else (args.cache_dir or None)
 
 
-def print_table(results: dict[str, dict[str, Any]], eval_tasks: int) -> None:
+STAGES = ("copier", "offline", "online")
+"""The main job's stages, the table's columns by default."""
+
+
+def print_table(results: dict[str, dict[str, Any]], eval_tasks: int,
+                stages: Sequence[str] = STAGES) -> None:
     """Held-out success (mean episode length; share of steps whose action string did not
     parse) of each run's stages, one row per run; where some tasks were not judged, the
     judged count beside the rate, and "incomplete" instead of it below the run's
     ``min_judged_share`` (issue 29); where the environment has its own check, the true
     rate beside the judged one (issue 32); below it, where some stage has held-out splits,
-    their rates and gaps to the test list (issue 32 item 5)."""
+    their rates and gaps to the test list (issue 32 item 5). ``stages``: the columns (another
+    recipe's stages, e.g. TRL's ``("sft", "grpo")``, in the same layout)."""
     print(f"\nheld-out success (mean episode length; invalid steps) on the first {eval_tasks} "
           "test tasks")
-    print(f"{'':<12} {'copier':^22}  {'offline':^22}  {'online':^22}")
+    print(f"{'':<12} " + "  ".join(f"{st:^22}" for st in stages))
     for name, summary in results.items():
         cells = []
-        for stage in ("copier", "offline", "online"):
+        for stage in stages:
             r = summary["stages"].get(stage)
             inv = r.get("invalid_step_rate", float("nan")) if r else float("nan")
             if r is not None and not r.get("complete", True):  # too few tasks judged
@@ -226,10 +233,11 @@ def print_table(results: dict[str, dict[str, Any]], eval_tasks: int) -> None:
                          + (f" [true {100 * r['true_success_rate']:.1f}%]"  # issue 32
                             if r.get("truth") == "environment" else ""))
         print(f"{name:<12} " + "  ".join(cells))
-    _print_generalization(results)
+    _print_generalization(results, stages)
 
 
-def _print_generalization(results: dict[str, dict[str, Any]]) -> None:
+def _print_generalization(results: dict[str, dict[str, Any]],
+                          stages: Sequence[str] = STAGES) -> None:
     """Below :func:`print_table`, where some stage has held-out splits (issue 32 item 5):
     per run and stage, the test list's rate, each split's and its gap to the test list
     (split - test, points); the true rates where the environment has its own check."""
@@ -241,7 +249,7 @@ def _print_generalization(results: dict[str, dict[str, Any]]) -> None:
     def splits(summary: dict[str, Any], stage: str) -> dict[str, Any]:
         return (summary["stages"].get(stage) or {}).get("splits") or {}
 
-    stages = [st for st in ("copier", "offline", "online")
+    stages = [st for st in stages
               if any(splits(s, st) for s in results.values())]
     if not stages:
         return

@@ -32,7 +32,8 @@ from typing import Any
 
 from digirl_lite.actions import Action, format_action
 
-__all__ = ["phone_tools", "task_dataset", "SYSTEM_PROMPT", "observation_text"]
+__all__ = ["phone_tools", "task_dataset", "SYSTEM_PROMPT", "observation_text", "tool_action",
+           "TOOL_NAMES"]
 
 SYSTEM_PROMPT = (
     "You operate an Android phone to complete the user's task. After each action you see the "
@@ -57,6 +58,55 @@ def observation_text(obs: Any, horizon: int | None = None) -> str:
     return "\n".join(lines)
 
 
+TOOL_NAMES = ("press_back", "press_enter", "press_home", "tap", "task_complete", "type_text")
+"""The tools :func:`phone_tools` exposes (in the order TRL lists them: by name)."""
+_KEYS = {"press_back": "PRESS_BACK", "press_enter": "PRESS_ENTER", "press_home": "PRESS_HOME",
+         "task_complete": "STATUS_TASK_COMPLETE"}
+
+
+class _Fault(Exception):
+    """The server or the session failed (not the agent's doing)."""
+
+
+def _call(fn: Any, *args: Any, **kwargs: Any) -> Any:
+    """``fn(...)``, with every failure but a refused option (ValueError: the caller's
+    mistake, raised as it is) turned into :class:`_Fault`."""
+    try:
+        return fn(*args, **kwargs)
+    except ValueError:
+        raise
+    except Exception as e:  # noqa: BLE001 - connection closed, server error, timeout, ...
+        raise _Fault(f"{type(e).__name__}: {e}") from e
+
+
+def tool_action(name: str, arguments: dict[str, Any], ui_tree: str) -> tuple[str, str]:
+    """The action string a tool call stands for on a screen whose UI tree text is
+    ``ui_tree``, and a note for the model (empty but for a tap on an element the screen does
+    not have). The one mapping of the tools (:func:`phone_tools`) and of agents that read
+    tool calls (:mod:`digirl_lite.envs.sim.trl_warmup`). What is not a call of a tool with
+    its argument is a string that does not parse (an unparseable step, as everywhere)."""
+    from digirl_lite.envs.uitree import parse_tree_text
+
+    if name == "tap":
+        element = arguments.get("element")
+        for node in parse_tree_text(ui_tree or ""):
+            if element is not None and node.id == str(element).strip().strip("[]"):
+                x, y = node.center
+                return format_action(Action.tap(x=min(max(x / WIDTH, 0.0), 1.0),
+                                                y=min(max(y / HEIGHT, 0.0), 1.0))), ""
+        # not an element of this screen: an action that does not parse (the step is spent)
+        return (f"tap {element!r}: no such element on the screen",
+                f"There is no element {element!r} on this screen.")
+    if name == "type_text":
+        try:
+            return format_action(Action("TYPE", typed_text=str(arguments.get("text", "")))), ""
+        except ValueError:
+            return f"type {arguments.get('text')!r}: empty text", ""
+    if name in _KEYS and not arguments:
+        return format_action(Action(_KEYS[name])), ""
+    return f"not a tool call: {name}({arguments})"[:200], ""
+
+
 def phone_tools(base_url: str, *, ui_tree_options: dict[str, Any] | None = None) -> type:
     """A class for TRL's ``environment_factory`` whose instances each hold a session on the
     OpenEnv server at ``base_url`` (:class:`~digirl_lite.envs.sim.openenv.SimPhoneClient`).
@@ -66,7 +116,6 @@ def phone_tools(base_url: str, *, ui_tree_options: dict[str, Any] | None = None)
     ``ui_tree_options``, e.g. ``{"max_nodes": 40}``) and returns its first observation text.
     """
     from digirl_lite.envs.sim.openenv import SimPhoneClient
-    from digirl_lite.envs.uitree import parse_tree_text
 
     extra = dict(ui_tree_options or {})
 
@@ -75,15 +124,22 @@ def phone_tools(base_url: str, *, ui_tree_options: dict[str, Any] | None = None)
 
         url = base_url
         resets = 0  # episodes started by every instance of the class (for reports)
+        faults = 0  # episodes an infrastructure fault ended: dropped, never a reward of 0
+        retries = 0  # starts that failed once and were tried again on a new connection
 
         def __init__(self) -> None:
-            self._client = SimPhoneClient(base_url=self.url).sync()
-            self._client.connect()
+            self._client = self._connect()
             self._obs: Any = None
             self.reward = 0.0
             self.done = False
             self.success = False
+            self.fault: str | None = None
             self.steps = 0
+
+        def _connect(self) -> Any:
+            client = SimPhoneClient(base_url=self.url).sync()
+            client.connect()
+            return client
 
         def reset(self, **kwargs: Any) -> str:
             opts: dict[str, Any] = {"ui_tree": True, "screenshot": False, **extra}
@@ -91,19 +147,40 @@ def phone_tools(base_url: str, *, ui_tree_options: dict[str, Any] | None = None)
                 opts["task"] = kwargs["task"]
             if kwargs.get("seed") is not None:
                 opts["seed"] = int(kwargs["seed"])
-            result = self._client.reset(**opts)
+            self.reward, self.done, self.success, self.steps = 0.0, False, False, 0
+            self.fault = None
+            try:
+                result = _call(self._client.reset, **opts)
+            except _Fault:  # a lost connection: once more on a new one
+                type(self).retries += 1
+                try:
+                    self._client = self._connect()
+                    result = _call(self._client.reset, **opts)
+                except Exception as e:  # noqa: BLE001 - any failure to start is the server's
+                    return self._lost(e)
             type(self).resets += 1
             self._obs = result.observation
-            self.reward, self.done, self.success, self.steps = 0.0, False, False, 0
             return observation_text(self._obs)
 
-        def get_reward(self) -> float:
-            return float(self.reward)
+        def get_reward(self) -> float | None:
+            """The episode's reward; None (TRL leaves the rollout out of its group's baseline
+            and gives it no advantage) when an infrastructure fault ended it."""
+            return None if self.fault else float(self.reward)
+
+        def _lost(self, error: BaseException) -> str:
+            type(self).faults += 1
+            self.fault = f"{type(error).__name__}: {error}"[:300]
+            self.done = True
+            return ("The phone is unavailable (an infrastructure fault); this episode does not "
+                    "count.")
 
         def _act(self, text: str, note: str = "") -> str:
             if self.done:
                 raise ValueError("The episode is over: no more actions.")
-            result = self._client.step(text)
+            try:
+                result = _call(self._client.step, text)
+            except _Fault as e:  # the session is lost mid-episode: the episode is dropped
+                raise RuntimeError(self._lost(e)) from e
             self._obs = result.observation
             self.steps += 1
             self.reward += float(result.reward or 0.0)
@@ -121,14 +198,9 @@ def phone_tools(base_url: str, *, ui_tree_options: dict[str, Any] | None = None)
             Returns:
                 The screen after the tap.
             """
-            for node in parse_tree_text(self._obs.ui_tree if self._obs else ""):
-                if node.id == str(element).strip().strip("[]"):
-                    x, y = node.center
-                    return self._act(format_action(Action.tap(
-                        x=min(max(x / WIDTH, 0.0), 1.0), y=min(max(y / HEIGHT, 0.0), 1.0))))
-            # not an element of this screen: an action that does not parse (the step is spent)
-            return self._act(f"tap {element!r}: no such element on the screen",
-                             note=f"There is no element {element!r} on this screen.")
+            text, note = tool_action("tap", {"element": element},
+                                     self._obs.ui_tree if self._obs else "")
+            return self._act(text, note=note)
 
         def type_text(self, text: str) -> str:
             """
@@ -140,11 +212,7 @@ def phone_tools(base_url: str, *, ui_tree_options: dict[str, Any] | None = None)
             Returns:
                 The screen after typing.
             """
-            try:
-                action = format_action(Action("TYPE", typed_text=str(text)))
-            except ValueError:
-                action = f"type {text!r}: empty text"
-            return self._act(action)
+            return self._act(tool_action("type_text", {"text": text}, "")[0])
 
         def press_back(self) -> str:
             """
@@ -153,7 +221,7 @@ def phone_tools(base_url: str, *, ui_tree_options: dict[str, Any] | None = None)
             Returns:
                 The screen after pressing back.
             """
-            return self._act(format_action(Action("PRESS_BACK")))
+            return self._act(tool_action("press_back", {}, "")[0])
 
         def press_home(self) -> str:
             """
@@ -162,7 +230,7 @@ def phone_tools(base_url: str, *, ui_tree_options: dict[str, Any] | None = None)
             Returns:
                 The screen after pressing home.
             """
-            return self._act(format_action(Action("PRESS_HOME")))
+            return self._act(tool_action("press_home", {}, "")[0])
 
         def press_enter(self) -> str:
             """
@@ -171,7 +239,7 @@ def phone_tools(base_url: str, *, ui_tree_options: dict[str, Any] | None = None)
             Returns:
                 The screen after pressing enter.
             """
-            return self._act(format_action(Action("PRESS_ENTER")))
+            return self._act(tool_action("press_enter", {}, "")[0])
 
         def task_complete(self) -> str:
             """
@@ -180,7 +248,7 @@ def phone_tools(base_url: str, *, ui_tree_options: dict[str, Any] | None = None)
             Returns:
                 How the episode ended.
             """
-            return self._act(format_action(Action("STATUS_TASK_COMPLETE")))
+            return self._act(tool_action("task_complete", {}, "")[0])
 
         def __del__(self) -> None:
             try:

@@ -1,0 +1,343 @@
+"""The SFT warm-up and the held-out evaluation of TRL's GRPO recipe (issue 51).
+
+A model TRL's ``GRPOTrainer`` drives through :func:`~.trl_tools.phone_tools` must first write
+tool calls at all: a random or untuned model writes none, and then no reward ever reaches it.
+This module gives the three pieces around GRPO, all in the recipe's chat format (the system
+prompt and ``Task: ...`` with the first screen appended, as TRL appends ``reset``'s return to
+the last user turn; then assistant turns that call one tool, and tool turns that answer with
+the next screen):
+
+* :func:`expert_conversations`: the scripted expert's episodes written as such chats, the
+  SFT data (imitation data: the expert reads the simulator's state to choose; the chat holds
+  only what the model is shown, the UI tree text). A tap becomes a tap on the smallest
+  clickable element of the shown tree under the expert's point.
+* :class:`ToolCallAgent`: a causal LM behind the fleet's batch interface, reading the same
+  chat and acting through :func:`~.trl_tools.tool_action` (the tools' own mapping), so the
+  package's evaluation (:func:`digirl_lite.train.evaluate.evaluate`: the true rate beside the
+  judged one, failure kinds) measures what GRPO trains. It also counts the share of its
+  replies that were a valid tool call.
+* :func:`check_tool_template`: a model directory whose chat template cannot render tools or
+  whose replies TRL cannot parse tool calls from is refused before any training.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from types import SimpleNamespace
+from typing import Any
+
+from digirl_lite.actions import parse_action
+from digirl_lite.envs.sim.trl_tools import (
+    HEIGHT,
+    SYSTEM_PROMPT,
+    TOOL_NAMES,
+    WIDTH,
+    observation_text,
+    phone_tools,
+    tool_action,
+)
+
+__all__ = ["ToolTemplateError", "tool_schemas", "expert_conversations", "check_tool_template",
+           "ToolCallAgent", "evaluate_tool_model"]
+
+_KEY_TOOLS = {"PRESS_BACK": "press_back", "PRESS_HOME": "press_home",
+              "PRESS_ENTER": "press_enter", "STATUS_TASK_COMPLETE": "task_complete"}
+
+
+class ToolTemplateError(ValueError):
+    """A model whose tokenizer cannot write or read tool calls in TRL's loop."""
+
+
+def tool_schemas() -> list[dict[str, Any]]:
+    """The JSON schemas of the phone's tools, as TRL renders them into the chat template
+    (from the methods' docstrings, in TRL's order: by name)."""
+    from transformers.utils import get_json_schema
+
+    cls = phone_tools("http://unused")
+    bare = object.__new__(cls)  # no session: only the bound methods' signatures are read
+    return [get_json_schema(getattr(bare, name)) for name in TOOL_NAMES]
+
+
+def _shown(obs: dict[str, Any], info: dict[str, Any], done: bool) -> Any:
+    """What :func:`observation_text` reads, from the Gymnasium env's observation."""
+    return SimpleNamespace(goal=obs["goal"], step=int(obs["step"]), ui_tree=obs.get("ui_tree"),
+                           invalid_reason=info.get("invalid_reason"), done=done,
+                           success=bool(info.get("success", False)))
+
+
+def _expert_call(action, tree: str) -> dict[str, Any] | None:
+    """The tool call standing for the expert's action on the shown tree (None: a tap on a
+    point no shown clickable element covers)."""
+    from digirl_lite.envs.uitree import parse_tree_text
+
+    kind = action.action_type.value
+    if kind == "DUAL_POINT":
+        y, x = action.touch_yx
+        nodes = [n for n in parse_tree_text(tree) if n.bounds[0] <= x * WIDTH <= n.bounds[2]
+                 and n.bounds[1] <= y * HEIGHT <= n.bounds[3]]
+        if not nodes:
+            return None
+        # the smallest clickable element under the point (else the smallest element: the
+        # expert also taps the status bar, as a wait)
+        node = min(nodes, key=lambda n: (not n.clickable, (n.bounds[2] - n.bounds[0])
+                                         * (n.bounds[3] - n.bounds[1])))
+        return {"name": "tap", "arguments": {"element": node.id}}
+    if kind == "TYPE":
+        return {"name": "type_text", "arguments": {"text": action.typed_text}}
+    if kind in _KEY_TOOLS:
+        return {"name": _KEY_TOOLS[kind], "arguments": {}}
+    return None
+
+
+def expert_conversations(world: str = "webshop", n: int = 64, seed: int = 0,
+                         max_nodes: int = 40, tasks: Sequence[str] | None = None
+                         ) -> tuple[Any, dict[str, int]]:
+    """``n`` episodes of the scripted expert on ``world``'s train tasks (or ``tasks``), each
+    a row ``messages`` (the chat, see the module docstring) and ``tools`` (the schemas, as
+    JSON), on the phone the recipe serves (surprises on, the same ``max_nodes``); only the
+    episodes the expert completes are kept. Returns the ``datasets.Dataset`` and counts:
+    ``episodes``, ``kept``, ``steps``, ``untranslatable`` (episodes with a tap no shown
+    element covers, dropped)."""
+    import random
+
+    from datasets import Dataset
+
+    from digirl_lite.envs.sim.agents import ScriptedExpert
+    from digirl_lite.envs.sim.gym import SimPhoneGymEnv
+
+    if tasks is None:
+        from digirl_lite.envs.sim.env import SimPhoneEnv
+
+        tasks = [t.text for t in SimPhoneEnv._load_task_list(world)]
+        random.Random(seed).shuffle(tasks)
+    env = SimPhoneGymEnv(world=world, ui_tree=True, max_nodes=max_nodes, screen_size=(48, 24))
+    schemas = json.dumps(tool_schemas())
+    rows, counts = [], {"episodes": 0, "kept": 0, "steps": 0, "untranslatable": 0}
+    for k in range(n):
+        task = tasks[k % len(tasks)]
+        obs, info = env.reset(seed=10_000 * seed + 5_000 + k, options={"task": task})
+        first = observation_text(_shown(obs, info, False))
+        messages = [{"role": "system", "content": SYSTEM_PROMPT},
+                    {"role": "user", "content": f"Task: {task}" + first}]
+        expert, done, ok = ScriptedExpert(), False, True
+        while not done:
+            call = _expert_call(parse_action(expert.act(env._obs)), obs["ui_tree"])
+            if call is None:
+                ok = False
+                break
+            text, _ = tool_action(call["name"], call["arguments"], obs["ui_tree"])
+            obs, _, terminated, truncated, info = env.step(text)
+            done = terminated or truncated
+            messages.append({"role": "assistant", "content": "",
+                             "tool_calls": [{"type": "function", "function": {
+                                 "name": call["name"],
+                                 "arguments": json.dumps(call["arguments"])}}]})
+            messages.append({"role": "tool", "name": call["name"],
+                             "content": observation_text(_shown(obs, info, done))})
+        counts["episodes"] += 1
+        if not ok:
+            counts["untranslatable"] += 1
+            continue
+        if not info.get("success"):
+            continue
+        counts["kept"] += 1
+        counts["steps"] += (len(messages) - 2) // 2
+        rows.append({"messages": messages, "tools": schemas})
+    env.close()
+    return Dataset.from_list(rows), counts
+
+
+def check_tool_template(tok: Any) -> Any:
+    """``tok`` with TRL's response parser set, after checking that its chat template renders
+    the phone's tools and tool turns and that a tool call it renders parses back.
+
+    Raises:
+        ToolTemplateError: no chat template, one that ignores the tools or the calls, or no
+            parser TRL knows for it (naming what to do).
+    """
+    if not getattr(tok, "chat_template", None):
+        raise ToolTemplateError(
+            "the model's tokenizer has no chat template: TRL's GRPOTrainer writes the phone's "
+            "tools into the chat template and parses tool calls from the replies; use an "
+            "instruct/chat checkpoint (Qwen2.5, Qwen3, Llama 3.1/3.2, ...)")
+    try:
+        from trl.chat_template_utils import add_response_schema, parse_response
+    except ImportError as e:
+        raise ImportError("TRL's tool calling needs TRL: pip install 'digirl-lite[trl]'") from e
+    call = {"name": "tap", "arguments": {"element": "icon:chrome"}}
+    msgs = [{"role": "user", "content": "Task: x"},
+            {"role": "assistant", "content": "",
+             "tool_calls": [{"type": "function", "function": call}]}]
+    try:
+        text = tok.apply_chat_template(msgs, tools=tool_schemas(), tokenize=False)
+    except Exception as e:  # noqa: BLE001 - jinja errors of every kind
+        raise ToolTemplateError(f"the model's chat template cannot render tool calls: "
+                                f"{type(e).__name__}: {e}") from e
+    if "task_complete" not in text or "icon:chrome" not in text:
+        raise ToolTemplateError("the model's chat template ignores the tools or the tool calls "
+                                "(it renders neither the tool list nor the call): it cannot "
+                                "write tool calls TRL reads")
+    try:
+        tok = add_response_schema(tok)
+    except Exception as e:  # noqa: BLE001
+        raise ToolTemplateError(f"TRL knows no tool-call parser for this chat template "
+                                f"({type(e).__name__}: {e})") from e
+    prompt = tok.apply_chat_template(msgs[:1], tools=tool_schemas(), tokenize=False,
+                                     add_generation_prompt=True, enable_thinking=False)
+    reply = text[len(prompt):] if text.startswith(prompt) else text
+    parsed = parse_response(tok, tok(reply, add_special_tokens=False)["input_ids"],
+                            prefix=tok(prompt, add_special_tokens=False)["input_ids"])
+    got = [c.get("function", {}) for c in parsed.get("tool_calls") or []]
+    if not got or got[0].get("name") != "tap":
+        raise ToolTemplateError("a tool call the chat template renders does not parse back "
+                                f"with TRL's parser (got {parsed!r:.200})")
+    return tok
+
+
+class ToolCallAgent:
+    """A causal LM acting on fleet observations through tool calls (the batch interface,
+    :class:`~digirl_lite.rollout.fleet_types.BatchAgent`).
+
+    Each slot keeps the chat of its episode in the GRPO recipe's format; a reply is parsed
+    with TRL's parser and its first tool call mapped to an action by
+    :func:`~.trl_tools.tool_action`. A reply without a valid tool call (no call, an unknown
+    tool, a tap on an element the screen does not have) is an unparseable step. Greedy
+    decoding unless ``sample``. ``valid`` / ``replies`` count the valid tool calls.
+    """
+
+    def __init__(self, model: Any, tok: Any, *, max_nodes: int = 40,
+                 max_new_tokens: int = 48, sample: bool = False,
+                 max_completion_length: int | None = None) -> None:
+        from trl.chat_template_utils import add_response_schema
+
+        self.model, self.tok = model, add_response_schema(tok)
+        self.tok.padding_side = "left"
+        self.max_nodes, self.max_new_tokens, self.sample = max_nodes, max_new_tokens, sample
+        self.tools = tool_schemas()
+        self.chats: dict[int, list[dict[str, Any]]] = {}
+        self.trees: dict[int, str] = {}
+        self.notes: dict[int, tuple[str, str | None]] = {}
+        self.max_completion_length = max_completion_length
+        self.prompt_length: dict[int, int] = {}
+        self.over: set[int] = set()
+        self.replies = 0
+        self.valid = 0
+
+    def _text(self, slot: int, obs: Any) -> str:
+        from digirl_lite.envs.uitree import tree_text
+
+        tree = tree_text(obs.ui_tree or (), self.max_nodes)
+        self.trees[slot] = tree
+        note, invalid = self.notes.pop(slot, ("", None))
+        shown = SimpleNamespace(goal=obs.task, step=obs.step, ui_tree=tree,
+                                invalid_reason=invalid, done=False, success=False)
+        return (note + "\n" if note else "") + observation_text(shown)
+
+    def act_batch(self, slots: Sequence[int], observations: Sequence[Any]) -> list[str]:
+        for slot, obs in zip(slots, observations):
+            text = self._text(slot, obs)
+            if obs.step == 0 or slot not in self.chats:
+                self.chats[slot] = [{"role": "system", "content": SYSTEM_PROMPT},
+                                    {"role": "user", "content": f"Task: {obs.task}" + text}]
+                self.prompt_length.pop(slot, None)
+                self.over.discard(slot)
+            else:
+                last = self.chats[slot][-1]
+                name = (last.get("tool_calls") or [{}])[0].get("function", {}).get("name")
+                self.chats[slot].append({"role": "tool", "name": name or "none",
+                                         "content": text})
+        prompts = {s: self.tok.apply_chat_template(self.chats[s], tools=self.tools,
+                                                   tokenize=False, add_generation_prompt=True,
+                                                   enable_thinking=False)
+                   for s in slots if s not in self.over}
+        if self.max_completion_length:
+            for s in list(prompts):
+                n = len(self.tok(prompts[s], add_special_tokens=False)["input_ids"])
+                first = self.prompt_length.setdefault(s, n)
+                if n - first > self.max_completion_length:
+                    self.over.add(s)
+                    del prompts[s]
+        actions = {s: "no tool call: past the episode's token budget" for s in slots
+                   if s not in prompts}
+        live = [s for s in slots if s in prompts]
+        if live:
+            actions.update(zip(live, self._generate(live, [prompts[s] for s in live])))
+        return [actions[s] for s in slots]
+
+    def _generate(self, slots: Sequence[int], prompts: list[str]) -> list[str]:
+        import torch
+        from trl.chat_template_utils import parse_response
+
+        enc = self.tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
+        with torch.no_grad():
+            out = self.model.generate(**enc, max_new_tokens=self.max_new_tokens,
+                                      do_sample=self.sample,
+                                      pad_token_id=self.tok.pad_token_id)
+        actions = []
+        eos = self.tok.convert_tokens_to_ids("<|im_end|>") if "<|im_end|>" in self.tok.get_vocab() \
+            else self.tok.eos_token_id
+        for i, slot in enumerate(slots):
+            ids = out[i, enc["input_ids"].shape[1]:].tolist()
+            if eos in ids:
+                ids = ids[:ids.index(eos) + 1]
+            prefix = enc["input_ids"][i][enc["attention_mask"][i].bool()].tolist()
+            msg = parse_response(self.tok, ids, prefix=prefix, tools=self.tools)
+            calls = [c.get("function", {}) for c in msg.get("tool_calls") or []]
+            self.replies += 1
+            if calls and calls[0].get("name") in TOOL_NAMES \
+                    and isinstance(calls[0].get("arguments", {}), dict):
+                call = calls[0]
+                text, note = tool_action(call["name"], call.get("arguments") or {},
+                                         self.trees[slot])
+                self.chats[slot].append({"role": "assistant", "content": "", "tool_calls": [
+                    {"type": "function", "function": {"name": call["name"],
+                                                      "arguments": call.get("arguments") or {}}}]})
+            else:
+                text = "no tool call"
+                note = "There was no tool call: act with one of the tools."
+                self.chats[slot].append({"role": "assistant",
+                                         "content": str(msg.get("content", ""))[:500]})
+            is_valid = parse_action(text).is_valid
+            self.valid += is_valid
+            if not is_valid:
+                self.notes[slot] = (note, text)
+            actions.append(text)
+        return actions
+
+    @property
+    def valid_share(self) -> float:
+        return self.valid / self.replies if self.replies else float("nan")
+
+
+def evaluate_tool_model(model: Any, tok: Any, world: str = "webshop", n_tasks: int = 32,
+                        seed: int = 0, n_envs: int = 8, max_nodes: int = 40,
+                        max_new_tokens: int = 48, max_completion_length: int | None = None
+                        ) -> dict[str, Any]:
+    """Held-out success of a tool-calling model: the package's evaluation
+    (:func:`~digirl_lite.train.evaluate.evaluate`) on the first ``n_tasks`` of ``world``'s
+    test list, on in-process simulated phones (the ground-truth check as the judge, its truth
+    beside it), with the model behind :class:`ToolCallAgent`. The summary gains
+    ``valid_tool_call_share`` and ``seconds``."""
+    import time
+
+    from digirl_lite.envs.sim.env import SimEnvFactory, SimPhoneEnv
+    from digirl_lite.rollout.fleet import SyncFleet
+    from digirl_lite.train.evaluate import evaluate
+
+    tasks = list(SimPhoneEnv._load_task_list(f"{world}_test"))
+    fleet = SyncFleet(SimEnvFactory(seed=seed, tasks=f"{world}_test", ui_tree=True),
+                      n_envs=min(n_envs, n_tasks), backend="local", parallel_steps=False)
+    agent = ToolCallAgent(model, tok, max_nodes=max_nodes, max_new_tokens=max_new_tokens,
+                          max_completion_length=max_completion_length)
+    was_training = model.training
+    model.eval()
+    t0 = time.perf_counter()
+    try:
+        report, _ = evaluate(fleet, agent, tasks, seed=10_000 + seed, n_tasks=n_tasks)
+    finally:
+        fleet.close()
+        model.train(was_training)
+    report["valid_tool_call_share"] = agent.valid_share
+    report["seconds"] = round(time.perf_counter() - t0, 1)
+    return report
