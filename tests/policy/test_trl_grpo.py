@@ -12,14 +12,6 @@ from needs import optional_import
 TASK = "Go to ebay.com, search for 'logitech g910'"
 
 
-@pytest.fixture(scope="module")
-def server():
-    optional_import("openenv", 'pip install -e ".[openenv]"')
-    from digirl_lite.envs.sim.openenv import LocalServer
-
-    with LocalServer(["--ui-tree", "--no-screenshot", "--log-level", "warning"]) as srv:
-        yield srv
-
 
 @pytest.mark.slow
 def test_the_tools_complete_a_task_through_the_server_and_the_reward_is_the_verdict(server):

@@ -24,14 +24,6 @@ def tiny_dir(tmp_path_factory):
                              corpus=sim_corpus(seed=0, n_demos=2))
 
 
-@pytest.fixture(scope="module")
-def server():
-    optional_import("openenv", 'pip install -e ".[openenv]"')
-    from digirl_lite.envs.sim.openenv import LocalServer
-
-    with LocalServer(["--ui-tree", "--no-screenshot", "--log-level", "warning"]) as srv:
-        yield srv
-
 
 @pytest.mark.slow
 def test_a_model_that_cannot_write_tool_calls_is_refused_before_training(tiny_dir, tmp_path):
