@@ -27,7 +27,7 @@ served) and TRL's own output into ``--out``.
 expert's episodes written as tool calls in this recipe's chat format
 (:func:`~digirl_lite.envs.sim.trl_warmup.expert_conversations`), so that it writes the tool
 calls GRPO's parser reads; then measures held-out success with the package's evaluation
-(:func:`~digirl_lite.envs.sim.trl_warmup.evaluate_tool_model`: the first ``--eval-tasks`` test
+(:func:`evaluate_tool_model` below: the first ``--eval-tasks`` test
 tasks, true rate beside the judged one, the share of valid tool calls), runs GRPO from there
 and measures again, and prints both in the main job's table (stages ``sft`` and ``grpo``).
 An episode an infrastructure fault ended (server error, lost session) gets no reward: TRL
@@ -219,10 +219,42 @@ def _sft(args: argparse.Namespace, model: str, tok, out: Path, phases: dict) -> 
     return str(out / "sft")
 
 
+def evaluate_tool_model(model, tok, world: str = "webshop", n_tasks: int = 32,
+                        seed: int = 0, n_envs: int = 8, max_nodes: int = 40,
+                        max_new_tokens: int = 48, max_completion_length: int | None = None
+                        ) -> dict:
+    """Held-out success of a tool-calling model: the package's evaluation
+    (:func:`~digirl_lite.train.evaluate.evaluate`) on the first ``n_tasks`` of ``world``'s
+    test list, on in-process simulated phones (the ground-truth check as the judge, its truth
+    beside it), with the model behind :class:`ToolCallAgent`. The summary gains
+    ``valid_tool_call_share`` and ``seconds``."""
+    import time
+
+    from digirl_lite.envs.sim.env import SimEnvFactory, SimPhoneEnv
+    from digirl_lite.envs.sim.trl_warmup import ToolCallAgent
+    from digirl_lite.rollout.fleet import SyncFleet
+    from digirl_lite.train.evaluate import evaluate
+
+    tasks = list(SimPhoneEnv._load_task_list(f"{world}_test"))
+    fleet = SyncFleet(SimEnvFactory(seed=seed, tasks=f"{world}_test", ui_tree=True),
+                      n_envs=min(n_envs, n_tasks), backend="local", parallel_steps=False)
+    agent = ToolCallAgent(model, tok, max_nodes=max_nodes, max_new_tokens=max_new_tokens,
+                          max_completion_length=max_completion_length)
+    was_training = model.training
+    model.eval()
+    t0 = time.perf_counter()
+    try:
+        report, _ = evaluate(fleet, agent, tasks, seed=10_000 + seed, n_tasks=n_tasks)
+    finally:
+        fleet.close()
+        model.train(was_training)
+    report["valid_tool_call_share"] = agent.valid_share
+    report["seconds"] = round(time.perf_counter() - t0, 1)
+    return report
+
+
 def _evaluate(args: argparse.Namespace, model, tok) -> dict:
     """Held-out success through the package's evaluation (a model or its directory)."""
-    from digirl_lite.envs.sim.trl_warmup import evaluate_tool_model
-
     if isinstance(model, str):
         from transformers import AutoModelForCausalLM
 

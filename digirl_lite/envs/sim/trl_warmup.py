@@ -39,7 +39,7 @@ from digirl_lite.envs.sim.trl_tools import (
 )
 
 __all__ = ["ToolTemplateError", "tool_schemas", "expert_conversations", "check_tool_template",
-           "ToolCallAgent", "evaluate_tool_model"]
+           "ToolCallAgent"]
 
 _KEY_TOOLS = {"PRESS_BACK": "press_back", "PRESS_HOME": "press_home",
               "PRESS_ENTER": "press_enter", "STATUS_TASK_COMPLETE": "task_complete"}
@@ -308,36 +308,3 @@ class ToolCallAgent:
     @property
     def valid_share(self) -> float:
         return self.valid / self.replies if self.replies else float("nan")
-
-
-def evaluate_tool_model(model: Any, tok: Any, world: str = "webshop", n_tasks: int = 32,
-                        seed: int = 0, n_envs: int = 8, max_nodes: int = 40,
-                        max_new_tokens: int = 48, max_completion_length: int | None = None
-                        ) -> dict[str, Any]:
-    """Held-out success of a tool-calling model: the package's evaluation
-    (:func:`~digirl_lite.train.evaluate.evaluate`) on the first ``n_tasks`` of ``world``'s
-    test list, on in-process simulated phones (the ground-truth check as the judge, its truth
-    beside it), with the model behind :class:`ToolCallAgent`. The summary gains
-    ``valid_tool_call_share`` and ``seconds``."""
-    import time
-
-    from digirl_lite.envs.sim.env import SimEnvFactory, SimPhoneEnv
-    from digirl_lite.rollout.fleet import SyncFleet
-    from digirl_lite.train.evaluate import evaluate
-
-    tasks = list(SimPhoneEnv._load_task_list(f"{world}_test"))
-    fleet = SyncFleet(SimEnvFactory(seed=seed, tasks=f"{world}_test", ui_tree=True),
-                      n_envs=min(n_envs, n_tasks), backend="local", parallel_steps=False)
-    agent = ToolCallAgent(model, tok, max_nodes=max_nodes, max_new_tokens=max_new_tokens,
-                          max_completion_length=max_completion_length)
-    was_training = model.training
-    model.eval()
-    t0 = time.perf_counter()
-    try:
-        report, _ = evaluate(fleet, agent, tasks, seed=10_000 + seed, n_tasks=n_tasks)
-    finally:
-        fleet.close()
-        model.train(was_training)
-    report["valid_tool_call_share"] = agent.valid_share
-    report["seconds"] = round(time.perf_counter() - t0, 1)
-    return report
