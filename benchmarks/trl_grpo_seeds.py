@@ -8,7 +8,8 @@ the arguments after ``--`` once per seed (one after the other), then writes
 ``benchmarks/results/trl_grpo.json``: per seed ``before`` and ``after`` (the true rate, the
 judged one, the valid tool-call share), each phase's steps/second and wall time, the GRPO
 reward/KL curve; the paired difference after - before with its t-interval; the commit and
-whether the package or the recipes had uncommitted changes; the settings.
+whether the package or the recipes had uncommitted changes (gridlib's ``tree_state``); the
+settings.
 """
 
 from __future__ import annotations
@@ -23,11 +24,6 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "benchmarks" / "results" / "trl_grpo.json"
-
-
-def _git(*args: str) -> str:
-    p = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True)
-    return p.stdout.strip() if p.returncode == 0 else ""
 
 
 def paired(per_seed: dict[str, dict[str, Any]], key: str) -> dict[str, Any]:
@@ -51,9 +47,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--collect-only", action="store_true",
                     help="only read the runs' summaries and write the results")
     args = ap.parse_args(argv)
-    changed = _git("status", "--porcelain", "--", "digirl_lite", "recipes").splitlines()
-    code = {"commit": _git("rev-parse", "HEAD"), "dirty": bool(changed),
-            **({"changed": changed} if changed else {})}
+    if str(ROOT) not in sys.path:  # run as a script, sys.path[0] is benchmarks/
+        sys.path.insert(0, str(ROOT))
+    from benchmarks.gridlib.provenance import tree_state
+
+    # the commit, the code's id there, and any uncommitted change to what the runs execute
+    code = tree_state(["digirl_lite", "recipes"], ["digirl_lite", "recipes"])
     per_seed: dict[str, dict[str, Any]] = {}
     for seed in args.seeds:
         run = Path(args.runs) / f"seed_{seed}"

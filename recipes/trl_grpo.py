@@ -228,8 +228,6 @@ def evaluate_tool_model(model, tok, world: str = "webshop", n_tasks: int = 32,
     test list, on in-process simulated phones (the ground-truth check as the judge, its truth
     beside it), with the model behind :class:`ToolCallAgent`. The summary gains
     ``valid_tool_call_share`` and ``seconds``."""
-    import time
-
     from digirl_lite.envs.sim.env import SimEnvFactory, SimPhoneEnv
     from digirl_lite.envs.sim.trl_warmup import ToolCallAgent
     from digirl_lite.rollout.fleet import SyncFleet

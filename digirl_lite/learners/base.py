@@ -21,6 +21,7 @@ It reads the run through :class:`Run`, a small public part of the Trainer.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
@@ -171,10 +172,11 @@ class Learner:
         learners sit below the Trainer, tests/package/test_layers.py)."""
         return self.run.cfg
 
-    @property
+    @functools.cached_property
     def options(self) -> Any:
-        """The run's ``learner_options`` as this learner's :attr:`Options` (None without)."""
-        return self.parse_options(getattr(self.cfg, "learner_options", {}))
+        """The run's ``learner_options`` as this learner's :attr:`Options` (None without),
+        parsed once (a run's config does not change)."""
+        return self.parse_options(self.cfg.learner_options)
 
     @property
     def policy(self):

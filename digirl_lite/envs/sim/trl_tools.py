@@ -33,7 +33,7 @@ from typing import Any
 from digirl_lite.actions import Action, format_action
 
 __all__ = ["phone_tools", "task_dataset", "SYSTEM_PROMPT", "observation_text", "tool_action",
-           "TOOL_NAMES"]
+           "TOOL_NAMES", "KEY_TOOLS"]
 
 SYSTEM_PROMPT = (
     "You operate an Android phone to complete the user's task. After each action you see the "
@@ -60,8 +60,9 @@ def observation_text(obs: Any, horizon: int | None = None) -> str:
 
 TOOL_NAMES = ("press_back", "press_enter", "press_home", "tap", "task_complete", "type_text")
 """The tools :func:`phone_tools` exposes (in the order TRL lists them: by name)."""
-_KEYS = {"press_back": "PRESS_BACK", "press_enter": "PRESS_ENTER", "press_home": "PRESS_HOME",
-         "task_complete": "STATUS_TASK_COMPLETE"}
+KEY_TOOLS = {"press_back": "PRESS_BACK", "press_enter": "PRESS_ENTER",
+             "press_home": "PRESS_HOME", "task_complete": "STATUS_TASK_COMPLETE"}
+"""The tools without arguments and the action each stands for."""
 
 
 class _Fault(Exception):
@@ -102,8 +103,8 @@ def tool_action(name: str, arguments: dict[str, Any], ui_tree: str) -> tuple[str
             return format_action(Action("TYPE", typed_text=str(arguments.get("text", "")))), ""
         except ValueError:
             return f"type {arguments.get('text')!r}: empty text", ""
-    if name in _KEYS and not arguments:
-        return format_action(Action(_KEYS[name])), ""
+    if name in KEY_TOOLS and not arguments:
+        return format_action(Action(KEY_TOOLS[name])), ""
     return f"not a tool call: {name}({arguments})"[:200], ""
 
 

@@ -30,6 +30,7 @@ from typing import Any
 from digirl_lite.actions import parse_action
 from digirl_lite.envs.sim.trl_tools import (
     HEIGHT,
+    KEY_TOOLS,
     SYSTEM_PROMPT,
     TOOL_NAMES,
     WIDTH,
@@ -41,8 +42,7 @@ from digirl_lite.envs.sim.trl_tools import (
 __all__ = ["ToolTemplateError", "tool_schemas", "expert_conversations", "check_tool_template",
            "ToolCallAgent"]
 
-_KEY_TOOLS = {"PRESS_BACK": "press_back", "PRESS_HOME": "press_home",
-              "PRESS_ENTER": "press_enter", "STATUS_TASK_COMPLETE": "task_complete"}
+_KEY_TOOLS = {key: tool for tool, key in KEY_TOOLS.items()}  # action type -> its tool
 
 
 class ToolTemplateError(ValueError):
