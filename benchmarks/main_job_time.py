@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import re
 import resource
 import shlex
@@ -46,6 +45,7 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULT = ROOT / "benchmarks" / "results" / "main_job_time.json"
 RECIPE = "recipes/offline_to_online.py"
 TIME_BIN = "/usr/bin/time"
+FRESH_INSTALL = "python3 -m venv .venv && .venv/bin/pip install --quiet torch==2.13.0 -e ."
 
 
 def _elapsed_s(text: str) -> float:
@@ -111,12 +111,12 @@ def code_state() -> dict[str, Any]:
 
 
 def machine() -> dict[str, Any]:
-    cpu = ""
-    if Path("/proc/cpuinfo").is_file():
-        m = re.search(r"^model name\s*:\s*(.*)$", Path("/proc/cpuinfo").read_text(), re.M)
-        cpu = m.group(1) if m else ""
+    from digirl_lite.provenance import environment
+
+    env = environment()
     return {"cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
-            else os.cpu_count(), "cpu": cpu or platform.processor(),
+            else os.cpu_count(), "cpu": env["cpu"],
+            "torch_cpu_capability": env["torch_cpu_capability"],
             "load_1m_at_start": round(os.getloadavg()[0], 2),
             "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS")}
 
@@ -194,7 +194,7 @@ def fresh_clone(args: argparse.Namespace) -> int:
         env = {**os.environ, "PIP_NO_CACHE_DIR": "1", "DIGIRL_LITE_CACHE": str(cache)}
         for k in ("PYTHONPATH", "DIGIRL_LITE_DATA", "OMP_NUM_THREADS"):
             env.pop(k, None)
-        install = ("python3 -m venv .venv && .venv/bin/pip install --quiet torch==2.13.0 -e .")
+        install = FRESH_INSTALL
         print(f"installing: {install}", flush=True)
         t0 = time.perf_counter()
         p = subprocess.run(["bash", "-c", install], cwd=clone, env=env)
@@ -246,6 +246,11 @@ def main(argv: list[str] | None = None) -> int:
         print(readme_sentence(record))
         return 0
     if args.fresh_clone:
+        if args.dry_run:  # what it would do, run nothing
+            print(f"git clone {ROOT} <empty folder> && cd <it> && PIP_NO_CACHE_DIR=1 "
+                  f"{FRESH_INSTALL} && DIGIRL_LITE_CACHE=<empty folder> "
+                  f".venv/bin/python {RECIPE}")
+            return 0
         return fresh_clone(args)
     out = args.out.resolve()
     shown_out = str(out.relative_to(ROOT)) if out.is_relative_to(ROOT) else str(out)

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import importlib
 import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import NoReturn
 
@@ -85,3 +87,16 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+_HOLD = ("import sys; from digirl_lite.paths import FileLock; l = FileLock(sys.argv[1]); "
+         "assert l.acquire() is None; print('held', flush=True); sys.stdin.read()")
+
+
+def hold(path: Path) -> subprocess.Popen:
+    """Another live process holding the :class:`~digirl_lite.paths.FileLock` at ``path``
+    (it holds it until its stdin closes)."""
+    p = subprocess.Popen([sys.executable, "-c", _HOLD, str(path)], stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, text=True)
+    assert p.stdout.readline().strip() == "held"
+    return p

@@ -86,6 +86,7 @@ from .runner import cpu_count, rerun_stale, run_jobs
 from .spec import STAGES, Arm, GridSpec, Job, SpecError, jobs_of, load_spec, spec_path
 from .stats import (
     mixed_commits,
+    mixed_environments,
     mixed_threads,
     pair_differences,
     paired_difference,
@@ -99,7 +100,8 @@ __all__ = [
     "FINAL", "GRIDS", "RESULTS", "RUNS", "STAGES", "Arm", "DirtyTreeError", "GridSpec", "Job",
     "SpecError", "_diff_config", "_stage_line", "code_id", "commit_files", "cpu_count",
     "is_stale", "jobs_of", "load_results", "load_spec", "main", "make_table", "mixed_commits",
-    "mixed_threads", "pair_differences", "paired_difference", "plot_curves", "provenance",
+    "mixed_environments", "mixed_threads", "pair_differences", "paired_difference",
+    "plot_curves", "provenance",
     "read_attempts", "require_clean", "rerun_stale", "result_record", "run_jobs",
     "run_versions", "seed_contrast", "spec_path", "split_stats", "stage_stats",
     "table_markdown", "tree_state", "version_label", "with_final_stage", "write_result",

@@ -154,6 +154,7 @@ def result_record(job: Job, attempts: list[dict[str, Any]] | None = None) -> dic
         **provenance(read_attempts(job) if attempts is None else attempts,
                      summary.get("wall_s")),
         "pile_cached": _pile_cached(job.out),
+        "environment": summary.get("environment"),
         "online_iteration_s": _time_split(job.out),
         "timings_s": summary.get("timings_s", {}),
         "command": shlex.join(["python", _rel(repo.ROOT / job.arm.recipe), *job.recipe_args()]),

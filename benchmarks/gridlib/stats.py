@@ -2,7 +2,8 @@
 95% t-interval and the pooled rate with a Wilson interval (:func:`stage_stats`), the held-out
 splits and their gaps (:func:`split_stats`), seed-by-seed differences between arms
 (:func:`paired_difference`, :func:`pair_differences`), and the paired runs that ran on
-different code or thread counts (:func:`mixed_commits`, :func:`mixed_threads`).
+different code, thread counts or environments (:func:`mixed_commits`, :func:`mixed_threads`,
+:func:`mixed_environments`).
 """
 
 from __future__ import annotations
@@ -197,4 +198,29 @@ def mixed_threads(results: dict[str, list[dict[str, Any]]], ref: str | None,
         if mine and theirs and (len(mine) > 1 or mine != theirs):
             out.append({"arm": name, "seed": r["seed"], "threads": mine,
                         "reference": other_arm, "reference_threads": theirs})
+    return out
+
+
+def environment_differences(mine: dict[str, Any], theirs: dict[str, Any]) -> list[str]:
+    """What differs between two recorded environments (``summary.json``'s ``environment``,
+    :func:`digirl_lite.provenance.environment`), as ``"name mine vs theirs"``."""
+    flat = [({**a.get("packages", {}), **{k: v for k, v in a.items() if k != "packages"}})
+            for a in (mine, theirs)]
+    return [f"{k} {flat[0].get(k)} vs {flat[1].get(k)}"
+            for k in sorted(set(flat[0]) | set(flat[1])) if flat[0].get(k) != flat[1].get(k)]
+
+
+def mixed_environments(results: dict[str, list[dict[str, Any]]], ref: str | None,
+                       pairs: Sequence[tuple[str, str]] = ()) -> list[dict[str, Any]]:
+    """The paired runs (as :func:`mixed_commits`) recorded in different environments: other
+    CPU kernels (torch dispatches by the instruction set) or other versions of the
+    libraries that compute or draw the numbers (Pillow 13 shrinks the phone's screens to
+    other pixels). Two runs of one seed then part ways as on different code. A run with no
+    recorded environment (before it was recorded) is not listed."""
+    out = []
+    for name, other_arm, r, other in _paired_runs(results, ref, pairs):
+        mine, theirs = r.get("environment"), other.get("environment")
+        if mine and theirs and (differ := environment_differences(mine, theirs)):
+            out.append({"arm": name, "seed": r["seed"], "reference": other_arm,
+                        "differ": differ})
     return out

@@ -17,6 +17,7 @@ from .spec import GridSpec
 from .stats import (
     _nanmean,
     mixed_commits,
+    mixed_environments,
     mixed_threads,
     pair_differences,
     paired_difference,
@@ -48,6 +49,8 @@ def make_table(spec: GridSpec, results: dict[str, list[dict[str, Any]]]) -> dict
             "git_commits": sorted({c or "?" for r in recs for c in (
                 (r.get("git") or {}).get("commits") or [(r.get("git") or {}).get("commit")])}),
             "code_versions": sorted({version_label(r) for r in recs}),
+            "cpu_kernels": sorted({(r.get("environment") or {}).get("torch_cpu_capability")
+                                   or "?" for r in recs}),
         }
     ref = spec.reference or (spec.arms[0].name if spec.arms else None)
     diffs: dict[str, Any] = {}
@@ -68,7 +71,8 @@ def make_table(spec: GridSpec, results: dict[str, list[dict[str, Any]]]) -> dict
             "pair_differences": pair_differences(spec, results),
             "generalization": {name: g for name, g in general.items() if g},
             "mixed_commits": mixed_commits(results, ref, spec.pairs),
-            "mixed_threads": mixed_threads(results, ref, spec.pairs)}
+            "mixed_threads": mixed_threads(results, ref, spec.pairs),
+            "mixed_environments": mixed_environments(results, ref, spec.pairs)}
 
 
 def mixed_threads_lines(t: dict[str, Any]) -> list[str]:
@@ -80,6 +84,12 @@ def mixed_threads_lines(t: dict[str, Any]) -> list[str]:
             f"{'/'.join(map(str, m['reference_threads']))}")
     return [f"- `{arm}` - `{ref}`: " + "; ".join(seeds)
             for (arm, ref), seeds in by_pair.items()]
+
+
+def mixed_environments_lines(t: dict[str, Any]) -> list[str]:
+    """One line per paired run that :func:`mixed_environments` found."""
+    return [f"- `{m['arm']}` - `{m['reference']}` seed {m['seed']}: " + "; ".join(m["differ"])
+            for m in t.get("mixed_environments", [])]
 
 
 def mixed_commits_lines(t: dict[str, Any]) -> list[str]:
@@ -181,6 +191,10 @@ def table_markdown(t: dict[str, Any]) -> str:
                     "with different thread counts** (`OMP_NUM_THREADS`: torch's sums then "
                     "run in another order and the runs part ways as on different code; "
                     "`--jobs` sets it, cpus // jobs):", "", *lines]
+        if lines := mixed_environments_lines(t):
+            out += ["", f"**Warning: {len(t['mixed_environments'])} of these pairs compare "
+                    "runs recorded in different environments** (CPU kernels or library "
+                    "versions: the runs part ways as on different code):", "", *lines]
     out += generalization_markdown(t.get("generalization") or {})
     notes = [f"- `{n}`: configs differ across seeds in "
              + ", ".join(a["config_differs_across_seeds"])
@@ -278,5 +292,9 @@ def write_table(spec: GridSpec, results_dir: Path = RESULTS) -> list[Path]:
     if lines := mixed_threads_lines(t):
         print(f"warning: grid {spec.name}: {len(t['mixed_threads'])} paired run(s) ran with "
               "other thread counts than their reference run:\n" + "\n".join(lines),
+              file=sys.stderr)
+    if lines := mixed_environments_lines(t):
+        print(f"warning: grid {spec.name}: {len(t['mixed_environments'])} paired run(s) ran "
+              "in another environment than their reference run:\n" + "\n".join(lines),
               file=sys.stderr)
     return paths

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from digirl_lite.paths import atomic_write_text
+from digirl_lite.provenance import environment
 from digirl_lite.redaction import redact
 
 __all__ = ["RunLog", "tensorboard_writer"]
@@ -88,6 +89,8 @@ class RunLog:
             "wall_s": round(time.perf_counter() - t0, 1) + self.summary.get("wall_s", 0.0),
             "online_trajectories": self.online_trajectories,
             "processes": self.world_size,
+            # the libraries and CPU kernels its numbers depend on (digirl_lite.provenance)
+            "environment": environment(),
             "buffer": self.buffer.counts(),
             "timings_s": {k: round(v, 2) for k, v in self.timings.items()},
             "feature_cache_hit_rate": round(self.features.hit_rate, 3),

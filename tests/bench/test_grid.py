@@ -250,7 +250,7 @@ def test_resume_skips_finished_and_resumes_checkpointed(fake_grid):
 
 def test_a_job_another_live_runner_holds_is_left_alone(fake_grid):
     spec, runs, results = fake_grid
-    from test_run_lock import hold
+    from needs import hold
 
     held, stale = grid.jobs_of(spec, seeds=[0, 1], runs_dir=runs, results_dir=results)
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
@@ -776,6 +776,31 @@ def test_table_warns_when_paired_runs_ran_with_other_thread_counts(tmp_path, cap
     assert "**Warning: 2 of these pairs compare runs with different thread counts**" in md
     t = json.loads((res / "g" / "table.json").read_text())
     assert [(m["arm"], m["seed"]) for m in t["mixed_threads"]] == [("b", 0), ("b", 2)]
+
+
+def test_table_warns_when_paired_runs_ran_in_other_environments(tmp_path, capsys):
+    """A pair whose runs recorded other CPU kernels or library versions is named with what
+    differs; a run recorded before environments were is not guessed at."""
+    res = tmp_path / "results"
+    env = {"python": "3.11.7", "cpu": "x", "torch_cpu_capability": "AVX512",
+           "packages": {"torch": "2.13.0", "pillow": "12.3.0"}}
+    envs = {("a", 0): env, ("a", 1): env, ("a", 2): None,
+            ("b", 0): {**env, "torch_cpu_capability": "AVX2"}, ("b", 1): env,
+            ("b", 2): {**env, "packages": {"torch": "2.13.0", "pillow": "13.0.0"}}}
+    for (arm, seed), e in envs.items():
+        _write(res / "g" / f"{arm}-seed{seed}.json",
+               {**_result(arm, seed, (5, 10, 8.0)), **({"environment": e} if e else {})})
+    spec = grid.load_spec(_spec_file(tmp_path, arms=[{"name": "a"}, {"name": "b"}]))
+    assert grid.main([str(spec.path), "--table", "--results-dir", str(res)]) == 0
+    err = capsys.readouterr().err
+    assert "1 paired run(s) ran in another environment than their reference run" in err
+    assert "- `b` - `a` seed 0: torch_cpu_capability AVX2 vs AVX512\n" in err
+    md = (res / "g" / "table.md").read_text()
+    assert "**Warning: 1 of these pairs compare runs recorded in different environments**" in md
+    t = json.loads((res / "g" / "table.json").read_text())
+    assert [(m["arm"], m["seed"]) for m in t["mixed_environments"]] == [("b", 0)]
+    assert t["arms"]["b"]["cpu_kernels"] == ["AVX2", "AVX512"]
+    assert t["arms"]["a"]["cpu_kernels"] == ["?", "AVX512"]
 
 
 def test_grid_final_stage_is_each_runs_last():

@@ -104,3 +104,13 @@ def test_the_readme_figure_is_written_between_its_markers_from_the_entry():
     assert "2 CPUs, Some CPU, 2026-12-06" in got
     with pytest.raises(ValueError, match="has no <!-- main-job-time --> .* markers"):
         mjt.readme_with_figure("no markers", record)
+
+
+def test_fresh_clone_dry_run_clones_and_writes_nothing(tmp_path, capsys):
+    """``--fresh-clone --dry-run`` prints the clone, install and run, and runs none of them
+    (it once ran the whole measurement)."""
+    out = tmp_path / "t.json"
+    assert mjt.main(["--fresh-clone", "--dry-run", "--json", str(out)]) == 0
+    said = capsys.readouterr().out
+    assert said.startswith("git clone ") and mjt.FRESH_INSTALL in said and mjt.RECIPE in said
+    assert not out.exists()

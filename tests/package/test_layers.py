@@ -47,7 +47,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "digirl_lite"
 
 LAYERS: list[set[str]] = [
     {"_lazy", "errors", "paths", "actions", "prompts", "filters", "ppo", "distributed",
-     "redaction"},
+     "redaction", "provenance"},
     {"data"},
     {"judge", "critics"},
     {"envs"},

@@ -7,23 +7,12 @@ import os
 import socket
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
+from needs import hold
 
 from digirl_lite.errors import FolderBusyError
 from digirl_lite.paths import FileLock, lock_run_folder
-
-HOLD = ("import sys; from digirl_lite.paths import FileLock; l = FileLock(sys.argv[1]); "
-        "assert l.acquire() is None; print('held', flush=True); sys.stdin.read()")
-
-
-def hold(path: Path) -> subprocess.Popen:
-    """Another live process holding ``path`` (it holds it until its stdin closes)."""
-    p = subprocess.Popen([sys.executable, "-c", HOLD, str(path)], stdin=subprocess.PIPE,
-                         stdout=subprocess.PIPE, text=True)
-    assert p.stdout.readline().strip() == "held"
-    return p
 
 
 @pytest.mark.slow

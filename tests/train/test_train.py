@@ -61,6 +61,15 @@ def test_config_validates_and_round_trips():
         DigiRLConfig(actor_lr=0.0)
 
 
+@pytest.mark.slow  # builds a Trainer (~3 s)
+def test_a_runs_summary_records_its_environment(tiny_cfg, make_trainer):
+    """summary.json names the libraries and CPU kernels its numbers came from."""
+    from digirl_lite.provenance import environment
+
+    t = make_trainer(tiny_cfg)
+    assert t._totals(time.perf_counter())["environment"] == environment()
+
+
 @pytest.mark.slow
 def test_critic_updates_lower_the_loss(tiny_cfg, tmp_path, make_trainer):
     t = make_trainer(tiny_cfg)
