@@ -3,9 +3,10 @@ draw them and the CPU's kernels, recorded in every ``summary.json`` (``environme
 
 Two runs of one commit, config and seed give the same trajectories only where these agree:
 torch picks its CPU kernels by the instruction set (``torch.backends.cpu.get_cpu_capability``;
-the main job's seed 0 at one commit and Pillow reached 51.0% held-out on an AVX-512 Xeon and
-79.2% on an AVX2 EPYC), and Pillow 13 shrinks the phone's screens to other pixels than Pillow
-12 (``tests/sim/test_screen_pixels.py``). Grids warn when a paired comparison mixes them.
+the main job's offline stage, one machine, commit and seed: 37.5% held-out with torch's
+AVX-512 kernels, 44.8% with ``ATEN_CPU_CAPABILITY=avx2``), and Pillow 13 shrinks the phone's
+screens to other pixels than Pillow 12 (``tests/sim/test_screen_pixels.py``; the same stage
+16.7% under Pillow 13). Grids warn when a paired comparison mixes them.
 """
 
 from __future__ import annotations
