@@ -89,19 +89,15 @@ def _rate(k: int, n: int) -> float | None:
 
 def anatomy(run_dir: str, step_filter: str = "paper") -> dict[str, Any]:
     from digirl_lite import filters
+    from digirl_lite.envs.setup import sim_env_kwargs
     from digirl_lite.envs.sim.tasks import parse_task
     from digirl_lite.viz import Grader, Run
     from digirl_lite.viz.regrading import ReplayMismatch, replay_states
 
     run = Run(run_dir)
     cfg = run.config
-    env_kwargs: dict[str, Any] = {"day": cfg.get("day", 1)}
-    if cfg.get("sim_surprises"):  # the run's own surprises (e.g. sponsored rows), as setup
-        import dataclasses
-
-        from digirl_lite.envs.sim import Surprises
-
-        env_kwargs["surprises"] = {**dataclasses.asdict(Surprises()), **cfg["sim_surprises"]}
+    # the run's own phone (surprises, layout, ...), as its fleet built it
+    env_kwargs: dict[str, Any] = {"day": cfg.get("day", 1), **sim_env_kwargs(cfg)}
     if cfg.get("days_per_iteration", 0.0):
         raise SystemExit(f"{run_dir}: a drifting run; replay needs each iteration's day")
     trajs, screens = run.trajectories(with_images=True)

@@ -27,7 +27,7 @@ from digirl_lite.errors import ConfigError
 __all__ = ["AndroidPlan", "Phones", "android_plan", "make_phones", "task_list",
            "split_path", "split_name", "split_task_list", "EndpointEnvFactory",
            "WORLD_HORIZON", "SimOptions", "sim_options", "WorldInfo", "world_info",
-           "sim_demonstrations", "sim_copy_drills", "sim_extractor_pairs"]
+           "sim_demonstrations", "sim_copy_drills", "sim_extractor_pairs", "sim_env_kwargs"]
 
 log = logging.getLogger("digirl_lite.envs")
 
@@ -339,6 +339,28 @@ def _unreachable(devices: list[dict[str, Any]], needs_check: bool) -> tuple[int,
     return tuple(down)
 
 
+def sim_env_kwargs(cfg: Any) -> dict[str, Any]:
+    """The :class:`~digirl_lite.envs.sim.SimPhoneEnv` settings of a run's config beyond its
+    tasks, judge and seed (``horizon``, ``hard_reset_every``, ``sim_surprises``,
+    ``sim_faults``, ``ui_tree``, ``sim_layout``): what its phones are built with, and what a
+    replay of its episodes needs (``cfg`` a config, or its ``summary.json`` dict)."""
+    from digirl_lite.envs.sim import Surprises
+
+    get = cfg.get if isinstance(cfg, dict) else lambda k, d=None: getattr(cfg, k, d)
+    kw: dict[str, Any] = {"horizon": get("horizon")} if get("horizon") else {}
+    if get("hard_reset_every") is not None:
+        kw["hard_reset_every"] = get("hard_reset_every")
+    if get("sim_surprises"):
+        kw["surprises"] = {**dataclasses.asdict(Surprises()), **get("sim_surprises")}
+    if get("sim_faults"):
+        kw["faults"] = dict(get("sim_faults"))
+    if get("ui_tree"):
+        kw["ui_tree"] = True
+    if get("sim_layout", "older") != "older":
+        kw["layout"] = get("sim_layout")
+    return kw
+
+
 def make_phones(cfg: Any, seed: int, probe: bool = True) -> Phones:
     """The phones of ``cfg`` (``env``, ``android``, ``judge``, ``horizon``, task files):
     the simulated phone's factory, or Android devices; endpoints are probed (``probe``) and
@@ -347,20 +369,10 @@ def make_phones(cfg: Any, seed: int, probe: bool = True) -> Phones:
     splits = {split_name(cfg, s): split_task_list(cfg, s) for s in cfg.eval_splits}
     horizon = cfg.horizon or WORLD_HORIZON[cfg.world]
     if cfg.env == "sim":
-        from digirl_lite.envs.sim import SimEnvFactory, Surprises
+        from digirl_lite.envs.sim import SimEnvFactory
 
-        kw = {"horizon": cfg.horizon} if cfg.horizon else {}
-        if cfg.hard_reset_every is not None:
-            kw["hard_reset_every"] = cfg.hard_reset_every
-        if cfg.sim_surprises:
-            kw["surprises"] = {**dataclasses.asdict(Surprises()), **cfg.sim_surprises}
-        if cfg.sim_faults:
-            kw["faults"] = dict(cfg.sim_faults)
-        if cfg.ui_tree:
-            kw["ui_tree"] = True
-        if cfg.sim_layout != "older":
-            kw["layout"] = cfg.sim_layout
-        make = SimEnvFactory(judge=cfg.judge, seed=seed, tasks=cfg.task_file or cfg.world, **kw)
+        make = SimEnvFactory(judge=cfg.judge, seed=seed, tasks=cfg.task_file or cfg.world,
+                             **sim_env_kwargs(cfg))
         return Phones(make, cfg.n_envs, train, test, "sim", splits=splits)
     plan = android_plan(cfg.android)
     if cfg.ui_tree:  # every device reads its page source
