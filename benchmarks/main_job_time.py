@@ -13,7 +13,8 @@ memory, the phases, held-out success, and the commit.
 ``--fresh-clone`` measures what a new user meets (issue 49, item 1): a ``git clone`` of this
 checkout's HEAD into an empty folder, the README's first command there as written (the install,
 timed on its own with pip's cache off, then the run with an empty ``$DIGIRL_LITE_CACHE``), and
-writes the entry ``fresh_clone`` with ``install_s`` and ``first_command_s`` (install + run).
+writes the entry ``fresh_clone`` with ``install_s``, ``run_s`` and ``total_s`` (install + run; also
+as ``first_command_s``).
 ``--readme`` puts the sentence built from that entry (:func:`readme_sentence`) between the
 README's ``<!-- main-job-time -->`` markers; ``tests/package/test_readme.py`` fails when they
 differ.
@@ -212,7 +213,8 @@ def fresh_clone(args: argparse.Namespace) -> int:
             return 1
         summary = json.loads((out / "summary.json").read_text())
     record = entry(summary, measured, f"{install} && .venv/bin/python {RECIPE}", code, host)
-    record.update(install_s=round(install_s, 1),
+    record.update(install_s=round(install_s, 1), run_s=round(measured["elapsed_s"], 1),
+                  total_s=round(install_s + measured["elapsed_s"], 1),
                   first_command_s=round(install_s + measured["elapsed_s"], 1),
                   fresh_clone=True, pip_cache="off (PIP_NO_CACHE_DIR=1)",
                   digirl_lite_cache="empty")
