@@ -68,7 +68,9 @@ def main(argv: list[str] | None = None) -> int:
         seed = summary["config"]["seed"]
         runs[seed] = per_seed(summary)
         meta[seed] = {"wall_s": summary.get("wall_s"), "processes": summary.get("processes"),
-                      "timings_s": summary.get("timings_s")}
+                      "timings_s": summary.get("timings_s"),
+                      # CPU kernels and library versions: other ones give other numbers
+                      "environment": summary.get("environment")}
     commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
                             cwd=args.runs[0]).stdout.strip()
     res = {"what": __doc__.split("\n\n")[0], "runs_commit": commit or None,
