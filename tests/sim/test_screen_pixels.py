@@ -19,6 +19,8 @@ import json
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 GOLDEN = ROOT / "data" / "fixtures" / "screen_golden.json"
 WORLDS = ("webshop", "general")
@@ -60,6 +62,7 @@ def screens(world: str, episodes: int = 2, steps: int = 8) -> dict[str, str]:
             "features": feats.hexdigest()}
 
 
+@pytest.mark.slow  # 23 screens drawn, shrunk and encoded (~0.8 s)
 def test_the_phone_draws_the_recorded_screens():
     import PIL
 
