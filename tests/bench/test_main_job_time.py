@@ -30,12 +30,13 @@ TIME_V = """\
 
 STAND_IN = textwrap.dedent('''
     """A stand-in for the main job: holds ~40 MB, writes a summary.json as the Trainer does."""
-    import argparse, json
+    import argparse, json, time
     from pathlib import Path
     ap = argparse.ArgumentParser()
     ap.add_argument("--out"); ap.add_argument("--cache-dir"); ap.add_argument("--processes")
     a = ap.parse_args()
     ballast = bytearray(40_000_000)
+    time.sleep(0.3)  # a run takes time: the entry rounds to 0.1 s, and a bare start is 0.04 s
     stages = {st: {"success_rate": k / 96, "ci95": [0, 1], "successes": k, "episodes": 96,
                    "invalid_step_rate": 0.125}
               for st, k in (("copier", 55), ("offline", 70), ("online", 71))}
@@ -70,7 +71,7 @@ def test_entry_from_the_runs_summary_under_usr_bin_time(tmp_path, capsys):
     assert e["measured_with"] == "/usr/bin/time -v" and e["exit_status"] == 0
     assert e["command"].startswith("python ") and e["command"].endswith(
         f"--out {tmp_path / 'run'} --cache-dir '' --processes 1")
-    assert 0 < e["elapsed_s"] < 60 and e["user_s"] >= 0 and e["sys_s"] >= 0
+    assert 0.3 <= e["elapsed_s"] < 60 and e["user_s"] >= 0 and e["sys_s"] >= 0
     assert 0.04 < e["max_rss_gib_largest_process"] < 1  # the 40 MB it held, and Python
     assert (e["summary_wall_s"], e["processes"], e["evaluations"]) == (566.0, 1, 3)
     assert e["phases_s"] == {"actor": 232, "filter": 0.61}
