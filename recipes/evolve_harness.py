@@ -36,8 +36,9 @@ from digirl_lite.train.evaluate import stage_rates
 
 def config_from(args: argparse.Namespace) -> EvolveConfig:
     d: dict = {}
-    if args.config:
-        d.update(json.loads(Path(args.config).read_text()))
+    if args.config:  # EvolveConfig fields; keys starting with "_" are comments
+        d.update({k: v for k, v in json.loads(Path(args.config).read_text()).items()
+                  if not k.startswith("_")})
     if args.quick:
         d.update(QUICK)
     if args.world:

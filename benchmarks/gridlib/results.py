@@ -24,8 +24,15 @@ from .spec import GridSpec, Job
 OPTIONAL_STAGE_KEYS = ("invalid_step_rate", "unjudged", "unjudged_step_rate", "day",
                        "success_rate_unjudged_as_failures", "truth", "true_success_rate",
                        "true_successes", "true_episodes", "judge_agreement",
-                       "failure_causes", "success_with_recovery", "recoveries")
-"""Copied into a result file where the run's summary has them (the truth keys: issue 32)."""
+                       "failure_causes", "success_with_recovery", "recoveries",
+                       "decided", "decided_by_kind", "per_task")
+"""Copied into a result file where the run's summary has them (the truth keys: issue 32; a
+harness evolution's steps decided by rules, in all and per task kind, and each held-out
+task's outcome: issue 48)."""
+EVOLUTION_KEYS = ("best", "generations", "accepted", "episodes", "invalid_proposals", "kinds",
+                  "root_solved_lost", "held_out_lost", "held_out_gained")
+"""A harness evolution's summary (``evolution``) as its result file keeps it, with its kept
+edits' kinds and ids (``edits``)."""
 
 
 def _diff_config(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
@@ -159,8 +166,21 @@ def result_record(job: Job, attempts: list[dict[str, Any]] | None = None) -> dic
         "timings_s": summary.get("timings_s", {}),
         "command": shlex.join(["python", _rel(repo.ROOT / job.arm.recipe), *job.recipe_args()]),
         "config": _redacted(summary.get("config", {})),
+        **({"evolution": {**{k: ev[k] for k in EVOLUTION_KEYS if k in ev},
+                          "edits": [{"kind": e.get("kind"), "id": _edit_id(e)}
+                                    for e in ev.get("edits", [])]}}
+           if (ev := summary.get("evolution")) else {}),
         "finished_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }
+
+
+def _edit_id(edit: dict[str, Any]) -> str | None:
+    """A kept harness edit's rule or skill id (its content is JSON with an ``id``), else
+    None."""
+    try:
+        return json.loads(edit.get("content", "")).get("id")
+    except (ValueError, AttributeError):
+        return None
 
 
 def write_result(job: Job, record: dict[str, Any]) -> Path:

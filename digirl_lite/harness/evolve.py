@@ -82,9 +82,26 @@ class EvolveConfig:
         merges: GEPA's merge step in the loop, at most this many merges kept (0: none; a
             merge is kept only when it solves the union of its parents' solved sets).
         eval_tasks: held-out test tasks (the first N of the world's test list).
+        eval_splits: held-out splits measured beside the test list at every stage (issue 48,
+            item 4): split names (``tasks/<world>_<name>.txt``: ``unseen_products`` and
+            ``unseen_phrasings`` on Web Shopping, ``unseen_names`` and ``unseen_phrasings``
+            on General) or task file paths; each stage's report holds them under ``splits``.
+        eval_split_tasks: the first N tasks of each split.
         n_envs: simulated phones; fleet: "sync" or "process".
         temperature: the policy's sampling temperature (the project's evaluations: 1.0).
+        copy_typed_text: the policy agent's copy mask (a typed text is a span of the goal,
+            whatever its quotes: :mod:`digirl_lite.policy.copying`), as the paper setting's
+            starting policy acts (issue 48, item 4 (b)); policy agent only.
         env: extra SimPhoneEnv fields (e.g. {"day": 6} for a drift day).
+        setting: a training run's config file (DigiRLConfig JSON, e.g.
+            ``recipes/configs/paper_setting.json``) whose world the frozen agent faces
+            (issue 48, item 4 (b)): the phones are that run's live phone (its layout and
+            surprises, :func:`digirl_lite.envs.setup.sim_env_kwargs`), the frozen policy
+            is that config's shipped starting policy for ``world``
+            (:func:`digirl_lite.train.starting.shipped_policy_dir`) and its copy mask is
+            on where the config's ``copy_typed_text`` is (the generic one: any span of the
+            goal, not the config's trained span extractor). Not with ``env`` or
+            ``starting_policy``.
         baselines: measure the ``frozen`` and ``frozen_constrained`` stages (they depend
             only on the world, the seed and ``eval_tasks``: a grid's other arms at the same
             seed may leave them to one arm).
@@ -109,10 +126,14 @@ class EvolveConfig:
     beta: float = 0.2
     merges: int = 0
     eval_tasks: int = 96
+    eval_splits: tuple[str, ...] = ()
+    eval_split_tasks: int = 48
     n_envs: int = 16
     fleet: str = "sync"
     temperature: float = 1.0
+    copy_typed_text: bool = False
     env: dict[str, Any] = field(default_factory=dict)
+    setting: str | None = None
     baselines: bool = True
 
     def __post_init__(self) -> None:
@@ -122,6 +143,11 @@ class EvolveConfig:
             self.evidence = tuple(k.strip() for k in self.evidence.split(",") if k.strip())
         elif isinstance(self.evidence, list):
             self.evidence = tuple(self.evidence)
+        if isinstance(self.eval_splits, str):
+            self.eval_splits = tuple(k.strip() for k in self.eval_splits.split(",")
+                                     if k.strip())
+        elif isinstance(self.eval_splits, list):
+            self.eval_splits = tuple(self.eval_splits)
 
     @property
     def active_teacher(self) -> str:
@@ -171,8 +197,16 @@ class EvolveConfig:
                 "only); do not set it")
         if self.accept not in ACCEPT_MODES:
             bad("accept", f"{self.accept!r} is not one of {ACCEPT_MODES}")
+        if not isinstance(self.eval_splits, tuple) or not all(
+                isinstance(x, str) and x for x in self.eval_splits):
+            bad("eval_splits", f"must be a list of split names or task files, got "
+                f"{self.eval_splits!r}")
+        for x in self.eval_splits:
+            if not split_file(self.world, x).is_file():
+                bad("eval_splits", f"no split {x!r} on {self.world} (no file "
+                    f"{split_file(self.world, x)})")
         for name in ("budget", "evo_tasks", "k_screen", "k_confirm", "probe_k", "eval_tasks",
-                     "n_envs"):
+                     "eval_split_tasks", "n_envs"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 bad(name, f"must be an int >= 1, got {v!r}")
@@ -182,11 +216,26 @@ class EvolveConfig:
             bad("merges", f"must be an int >= 0, got {self.merges!r}")
         if self.delta < 0:
             bad("delta", f"must be >= 0, got {self.delta}")
+        if not isinstance(self.copy_typed_text, bool):
+            bad("copy_typed_text", f"must be true or false, got {self.copy_typed_text!r}")
+        if self.copy_typed_text and self.agent != "policy":
+            bad("copy_typed_text", "the copy mask is the policy agent's (agent 'policy'); a "
+                "prompted agent writes its own text")
         if self.fleet not in ("sync", "process"):
             bad("fleet", f"{self.fleet!r} is not 'sync' or 'process'")
         if self.starting_policy is not None and not Path(self.starting_policy).expanduser() \
                 .is_dir():
             bad("starting_policy", f"{self.starting_policy!r} is not a directory")
+        if self.setting is not None:
+            if self.env or self.starting_policy is not None or self.agent != "policy":
+                bad("setting", "a setting gives the phones, the frozen policy and its copy "
+                    "mask: not with env, starting_policy or a prompted agent")
+            env, policy, _ = self.resolved()
+            if not policy.is_dir():
+                bad("setting", f"{self.setting}: no shipped starting policy for "
+                    f"{self.world} at {policy} (build it with python "
+                    f"recipes/make_starting_policy.py --config {self.setting} --world "
+                    f"{self.world})")
         for name in ("agent_backend", "proposer_backend"):
             b = getattr(self, name)
             if b:
@@ -197,6 +246,33 @@ class EvolveConfig:
                 except ValueError as e:
                     bad(name, str(e))
 
+    def resolved(self) -> tuple[dict[str, Any], Path, bool]:
+        """The phones' SimPhoneEnv fields, the frozen policy's directory and the copy mask:
+        from ``setting`` where it is given, else ``env``, ``starting_policy`` (None: the
+        shipped one of ``world``) and ``copy_typed_text``.
+
+        Raises:
+            ConfigError: a setting file that does not load (naming ``setting``)."""
+        from digirl_lite.paths import data_dir
+
+        if self.setting is None:
+            path = (Path(self.starting_policy).expanduser() if self.starting_policy else
+                    data_dir() / "policies" / f"sft-{self.world}")
+            return dict(self.env), path, bool(self.copy_typed_text)
+        from digirl_lite.envs.setup import sim_env_kwargs
+        from digirl_lite.train.config import load_config
+        from digirl_lite.train.starting import shipped_policy_dir
+
+        try:
+            run = load_config(self.setting, world=self.world)
+        except (OSError, ValueError) as e:
+            raise ConfigError(f"setting: {self.setting}: {e}") from e
+        if run.env != "sim":
+            raise ConfigError(f"setting: {self.setting} is a run on env {run.env!r}; a "
+                              "harness evolution here runs on the simulated phone")
+        return (sim_env_kwargs(run), shipped_policy_dir(run),
+                bool(run.copy_typed_text or self.copy_typed_text))
+
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
@@ -206,6 +282,16 @@ class EvolveConfig:
         if unknown:
             raise ConfigError(f"unknown field(s) {unknown}; known: {cls.fields()}")
         return cls(**d)
+
+
+def split_file(world: str, name: str) -> Path:
+    """The task file of the held-out split ``name`` (the Trainer's ``eval_splits`` rule,
+    :func:`digirl_lite.envs.setup.split_path`)."""
+    from types import SimpleNamespace
+
+    from digirl_lite.envs.setup import split_path
+
+    return split_path(SimpleNamespace(world=world), name)
 
 
 def _agent_view(cfg: EvolveConfig, policy_path: str | None) -> tuple[frozenset[str], str]:
@@ -234,22 +320,21 @@ def _agent_factory(cfg: EvolveConfig):
         def make(components, screens):
             return HarnessAgent(components, agent)
         return make, None, None
-    from digirl_lite.paths import data_dir
     from digirl_lite.policy.factory import load_policy
     from digirl_lite.vision import FeatureCache, SimScreenEncoder
 
-    path = Path(cfg.starting_policy).expanduser() if cfg.starting_policy else \
-        data_dir() / "policies" / f"sft-{cfg.world}"
+    _, path, copy = cfg.resolved()
     policy = load_policy(path)
     features = FeatureCache(SimScreenEncoder(dim=policy.img_dim, seed=0))
 
     def make(components, screens):
         return HarnessAgent(components, PolicyAgent(policy, features, screens,
-                                                    cfg.temperature))
+                                                    cfg.temperature, copy_text=copy))
 
     def make_constrained(components, screens):
         return HarnessAgent(components, PolicyAgent(policy, features, screens,
-                                                    cfg.temperature, constrained=True))
+                                                    cfg.temperature, constrained=True,
+                                                    copy_text=copy))
     return make, make_constrained, str(path)
 
 
@@ -275,8 +360,16 @@ def _proposer(cfg: EvolveConfig, out: Path, reads: frozenset[str] = frozenset())
     return ScriptedProposer()
 
 
-def _held_out(fleet, make, components, tasks, seed: int) -> dict[str, Any]:
-    """pass@1 on ``tasks``: summarize()'s record plus who decided the steps."""
+def task_kind(task: Any) -> str:
+    """A task's kind for the per-kind shares: General's ``search`` / ``open_app``, Web
+    Shopping's level (``webshop level 1``: go to the site, 2: search, 3: add to cart)."""
+    return f"{task.kind} level {task.level}" if task.level else task.kind
+
+
+def _held_out(fleet, make, components, tasks, seed: int,
+              kinds: dict[str, str] | None = None) -> dict[str, Any]:
+    """pass@1 on ``tasks``: summarize()'s record plus who decided the steps (in all, and per
+    task kind where ``kinds`` maps each task's text to its kind)."""
     import torch
 
     from digirl_lite.data.records import ScreenTable
@@ -289,6 +382,13 @@ def _held_out(fleet, make, components, tasks, seed: int) -> dict[str, Any]:
     agent.crn_salt = seed  # every stage draws the same noise where it sees the same screen
     summary, episodes = evaluate(fleet, agent, tasks, seed=seed, screens=screens, n_tasks=None)
     summary["decided"] = decision_shares([e.trajectory for e in episodes])
+    if kinds:
+        by: dict[str, list[Any]] = {}
+        for e in episodes:
+            by.setdefault(kinds.get(e.trajectory.task, "other"), []).append(e.trajectory)
+        summary["decided_by_kind"] = {k: {**decision_shares(ts), "episodes": len(ts),
+                                          "successes": sum(bool(t.is_success) for t in ts)}
+                                      for k, ts in sorted(by.items())}
     summary["per_task"] = {e.trajectory.task: (None if not e.trajectory.is_usable
                                                 else bool(e.trajectory.is_success))
                            for e in episodes}
@@ -397,14 +497,16 @@ def _evolve(cfg: EvolveConfig, out: Path, resume: bool, log: Any) -> dict[str, A
 
     t0 = time.time()
     log(f"harness evolution on {cfg.world}, seed {cfg.seed}: {run_label(cfg.as_dict())}")
-    test = [t.text for t in SimPhoneEnv._load_task_list(f"{cfg.world}_test")]
+    test_tasks = SimPhoneEnv._load_task_list(f"{cfg.world}_test")
+    test = [t.text for t in test_tasks]
     evo = evolution_tasks(cfg.world, cfg.evo_tasks, seed=cfg.seed, exclude=test)
     held = test[:cfg.eval_tasks]
     make, make_constrained, policy_path = _agent_factory(cfg)
     # the phones give obs.state only to the privileged teacher: a run without it sees what
     # a real device shows (issue 48, "Done when")
+    env, _, _ = cfg.resolved()
     fleet = make_fleet(cfg.fleet, SimEnvFactory(
-        tasks=cfg.world, ui_tree=True, **cfg.env,
+        tasks=cfg.world, ui_tree=True, **env,
         privileged_state=reads_state(cfg.active_teacher)), cfg.n_envs)
     metrics = out / "metrics.jsonl"
     from digirl_lite.redaction import redact
@@ -417,10 +519,23 @@ def _evolve(cfg: EvolveConfig, out: Path, resume: bool, log: Any) -> dict[str, A
     if resume and prev.is_file():
         summary["stages"] = json.loads(prev.read_text()).get("stages", {})
 
+    from digirl_lite.envs.sim.tasks import load_tasks
+
+    splits = {split_file(cfg.world, x).stem.removeprefix(f"{cfg.world}_"):
+              load_tasks(split_file(cfg.world, x))[:cfg.eval_split_tasks]
+              for x in cfg.eval_splits}
+    kinds = {t.text: task_kind(t) for t in [*test_tasks, *(t for ts in splits.values()
+                                                          for t in ts)]}
+
     def stage(name: str, maker, components) -> None:
         if name in summary["stages"]:
             return
-        rep = _held_out(fleet, maker, components, held, 10_000 + 1000 * cfg.seed)
+        rep = _held_out(fleet, maker, components, held, 10_000 + 1000 * cfg.seed, kinds)
+        if splits:  # each split on seeds of its own, the same at every stage (paired)
+            rep["splits"] = {
+                sp: _held_out(fleet, maker, components, tasks,
+                              10_000 + 1000 * cfg.seed + 100 * (k + 1), kinds)
+                for k, (sp, tasks) in enumerate(splits.items())}
         summary["stages"][name] = rep
         prev.write_text(json.dumps(summary, indent=1, default=float))
         with open(metrics, "a") as f:
@@ -433,7 +548,8 @@ def _evolve(cfg: EvolveConfig, out: Path, resume: bool, log: Any) -> dict[str, A
 
         log(f"{name}: {stage_rates(rep)} held-out "
             f"({rep['successes']}/{rep['judged_episodes']}), steps decided by rules "
-            f"{100 * rep['decided']['rule']:.1f}%, by xi {100 * rep['decided']['xi']:.1f}%")
+            f"{100 * rep['decided']['rule']:.1f}%, by xi {100 * rep['decided']['xi']:.1f}%"
+            + "".join(f"; {sp} {stage_rates(r)}" for sp, r in rep.get("splits", {}).items()))
 
     base = dict(H0_COMPONENTS)
     if cfg.baselines:
@@ -486,6 +602,9 @@ def _evolve(cfg: EvolveConfig, out: Path, resume: bool, log: Any) -> dict[str, A
                    "accepted": g["accepted"]} for g in gens],
     }
     summary["wall_s"] = round(time.time() - t0, 1)
+    from digirl_lite.provenance import environment
+
+    summary["environment"] = environment()  # its CPU kernels and library versions
     lines = lineage_lines(archive)
     (out / "report.md").write_text(_report(summary, lines))
     try:
@@ -513,6 +632,18 @@ def _report(summary: dict[str, Any], lines: list[str]) -> str:
                     f"{r['judged_episodes']}) | {true} | {100 * r['ci95'][0]:.1f}-"
                     f"{100 * r['ci95'][1]:.1f} | {100 * r['decided']['rule']:.1f}% | "
                     f"{100 * r['decided']['xi']:.1f}% |")
+        for sp, x in (r.get("splits") or {}).items():
+            rows.append(f"| {name} on {sp} | {100 * x['success_rate']:.1f}% ({x['successes']}/"
+                        f"{x['judged_episodes']}) | {100 * x['true_success_rate']:.1f}% | "
+                        f"{100 * x['ci95'][0]:.1f}-{100 * x['ci95'][1]:.1f} | "
+                        f"{100 * x['decided']['rule']:.1f}% | "
+                        f"{100 * x['decided']['xi']:.1f}% |")
+    kind_rows = ["| stage | task kind | episodes | successes | decided by rules | by xi |",
+                 "|---|---|---|---|---|---|"]
+    for name, r in summary["stages"].items():
+        for k, d in (r.get("decided_by_kind") or {}).items():
+            kind_rows.append(f"| {name} | {k} | {d['episodes']} | {d['successes']} | "
+                             f"{100 * d['rule']:.1f}% | {100 * d['xi']:.1f}% |")
     return "\n".join([
         f"# Harness evolution ({run_label(summary['config'])})", "",
         f"Config: `{json.dumps(summary['config'])}`", "", *rows, "",
@@ -521,4 +652,6 @@ def _report(summary: dict[str, Any], lines: list[str]) -> str:
         f"episodes; kinds {ev['kinds']}. Evolution set avg@k_confirm: H0 "
         f"{ev['root_confirm_mean']}, evolved {ev['best_confirm_mean']}; the root's solved tasks "
         f"the evolved variant lost: {ev['root_solved_lost']}.", "",
+        *(["## Steps decided by rules, per task kind (test list)", "", *kind_rows, ""]
+          if len(kind_rows) > 2 else []),
         "## Lineage (* accepted)", "", "```", *lines, "```", ""])

@@ -303,7 +303,8 @@ class PolicyAgent:
     the system prompt and psi (history, tree) are for agents that read text, which a policy
     trained on that prompt does not (``reads`` is empty: DarwinX refuses prompt and psi
     edits for it, :func:`check_readable`). ``retry`` samples again under the action-format
-    grammar."""
+    grammar. ``copy_text``: the policy's copy mask (``copy_typed_text``: a typed text is a span
+    of the goal, :mod:`digirl_lite.policy.copying`), on both tries."""
 
     reads: frozenset[str] = frozenset()
 
@@ -315,14 +316,15 @@ class PolicyAgent:
     global generator."""
 
     def __init__(self, policy: Any, features: Any, screens: Any, temperature: float = 1.0,
-                 max_new_tokens: int = 64, constrained: bool = False) -> None:
+                 max_new_tokens: int = 64, constrained: bool = False,
+                 copy_text: bool = False) -> None:
         from digirl_lite.train.trainer import PolicyBatchAgent
 
         self.policy = policy
         self.free = PolicyBatchAgent(policy, features, screens, temperature, max_new_tokens,
-                                     constrained)
+                                     constrained, copy_text=copy_text)
         self.masked = PolicyBatchAgent(policy, features, screens, temperature,
-                                       max_new_tokens, True)
+                                       max_new_tokens, True, copy_text=copy_text)
 
     def _act(self, agent: Any, inputs: Sequence[AgentInput], attempt: int) -> list[str]:
         obs = [i.obs for i in inputs]
@@ -339,7 +341,9 @@ class PolicyAgent:
         drawn = self.policy.sample([o.prompt for o in obs], inputs_,
                                    temperature=agent.temperature,
                                    max_new_tokens=agent.max_new_tokens,
-                                   constrained=agent.constrained, row_seeds=seeds)
+                                   constrained=agent.constrained, row_seeds=seeds,
+                                   **({"copy_text": agent.copy_text} if agent.copy_text
+                                      else {}))
         return [SampledAction(d.text, d.token_ids, d.log_probs) for d in drawn]
 
     def propose(self, inputs: Sequence[AgentInput]) -> list[str]:

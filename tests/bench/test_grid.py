@@ -707,6 +707,33 @@ def test_a_result_record_keeps_the_truth(tmp_path):
     assert row["success_rate_unjudged_as_failures"] == 5 / 11
 
 
+def test_a_harness_runs_result_keeps_who_decided_and_what_it_lost(tmp_path):
+    """A harness evolution's summary (issue 48): the rules' share in all and per task kind,
+    each held-out task's outcome and the evolution's lost and gained tasks travel into the
+    result file, with the kept edits' ids (not their whole content)."""
+    job = grid.jobs_of(grid.load_spec(_spec_file(tmp_path)), runs_dir=tmp_path / "runs")[0]
+    job.out.mkdir(parents=True)
+    rep = {**_stage(5, 10, 10.0), "ci95": [0.2, 0.8], "judged_episodes": 10,
+           "decided": {"agent": 0.7, "rule": 0.3, "xi": 0.0},
+           "decided_by_kind": {"search": {"agent": 0.6, "rule": 0.4, "xi": 0.0,
+                                          "episodes": 10, "successes": 5}},
+           "per_task": {"t1": True, "t2": False}}
+    ev = {"best": "n0002", "accepted": 2, "held_out_lost": ["t3"], "held_out_gained": ["t1"],
+          "curve": [{"generation": 1}], "edits": [
+              {"kind": "skill", "content": '{"id": "ind-dismiss-1", "do": "dismiss"}'},
+              {"kind": "rule", "content": "not json"}]}
+    (job.out / "summary.json").write_text(json.dumps({"stages": {"online": rep},
+                                                      "evolution": ev}))
+    rec = grid.result_record(job, attempts=[])
+    row = rec["stages"]["online"]
+    assert row["decided"]["rule"] == 0.3 and row["decided_by_kind"]["search"]["rule"] == 0.4
+    assert row["per_task"] == {"t1": True, "t2": False}
+    assert rec["evolution"] == {"best": "n0002", "accepted": 2, "held_out_lost": ["t3"],
+                                "held_out_gained": ["t1"], "edits": [
+                                    {"kind": "skill", "id": "ind-dismiss-1"},
+                                    {"kind": "rule", "id": None}]}
+
+
 def test_the_finished_runs_line_shows_the_true_rate_where_there_is_one():
     rec = {"stages": {"copier": _stage(3, 10, 9.0),
                       "online": _stage(5, 8, 9.0, **_truth(6, 10, 4, 1, 2, 3))}}

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from digirl_lite.envs.sim.tasks import load_tasks
 from digirl_lite.harness.darwinx import (
     Archive,
     DarwinX,
@@ -624,9 +625,44 @@ def test_the_evidence_field_by_config_and_on_the_recipe_s_command_line():
     EvolveConfig(teacher="none").check()  # the default kinds without a teacher: no teacher's
     with pytest.raises(ConfigError, match="env: privileged_state follows the teacher"):
         EvolveConfig(env={"privileged_state": True}).check()
+    # the copy mask and the held-out splits (issue 48, item 4): fields that cannot work
+    with pytest.raises(ConfigError, match="copy_typed_text: must be true or false"):
+        EvolveConfig(copy_typed_text="yes").check()
+    with pytest.raises(ConfigError, match="copy_typed_text: the copy mask is the policy"):
+        EvolveConfig(copy_typed_text=True, agent="prompted",
+                     agent_backend={"backend": "openai", "model": "m",
+                                    "base_url": "http://127.0.0.1:9"}).check()
+    assert EvolveConfig(eval_splits="unseen_products,unseen_phrasings").eval_splits == (
+        "unseen_products", "unseen_phrasings")
+    EvolveConfig(world="general", eval_splits=["unseen_names"]).check()
+    with pytest.raises(ConfigError, match="eval_splits: no split 'unseen_names' on webshop"):
+        EvolveConfig(eval_splits=["unseen_names"]).check()
+    with pytest.raises(ConfigError, match="eval_splits: must be a list"):
+        EvolveConfig(eval_splits=[3]).check()
+    with pytest.raises(ConfigError, match="eval_split_tasks: must be an int >= 1"):
+        EvolveConfig(eval_split_tasks=0).check()
     # on the command line: a clear message before anything runs, never a traceback
     with pytest.raises(SystemExit, match="config error: evidence: .*'failures'"):
         main(["--quick", "--set", "evidence=failures", "--out", "/nonexistent/never"])
+
+
+@pytest.mark.slow
+def test_a_setting_gives_the_live_phone_the_shipped_policy_and_the_copy_mask():
+    """setting (issue 48, item 4 (b)): a training run's config gives the live phone, its
+    shipped starting policy (per world) and the copy mask; with env it is refused."""
+    from digirl_lite.errors import ConfigError
+    from digirl_lite.harness.evolve import EvolveConfig
+
+    paper = str(ROOT / "recipes/configs/paper_setting.json")
+    env, policy, copy = EvolveConfig(world="general", setting=paper).resolved()
+    assert env["layout"] == "current" and env["surprises"]["popup"] == 0.4 and copy
+    assert policy.name.startswith("sft-") and policy.name != "sft-general" and policy.is_dir()
+    assert EvolveConfig(setting=paper).resolved()[1].name == "sft-webshop"
+    assert EvolveConfig().resolved() == ({}, policy.parent / "sft-webshop", False)
+    with pytest.raises(ConfigError, match="setting: a setting gives the phones"):
+        EvolveConfig(setting=paper, env={"day": 2}).check()
+    with pytest.raises(ConfigError, match="setting: .*no config file"):
+        EvolveConfig(setting=str(ROOT / "nothing.json")).check()
 
 
 def test_evolution_tasks_never_come_from_the_test_lists():
@@ -714,12 +750,23 @@ def test_the_recipe_evolves_the_frozen_policy_s_harness_end_to_end(tmp_path):
     from digirl_lite.harness.evolve import EvolveConfig, run_evolution
 
     cfg = EvolveConfig(budget=70, evo_tasks=4, eval_tasks=8, k_screen=2, k_confirm=2,
-                       probe_k=2, n_envs=8)
+                       probe_k=2, n_envs=8, eval_splits=["unseen_products"],
+                       eval_split_tasks=4)
     s = run_evolution(cfg, tmp_path, log=lambda *a: None)
     assert set(s["stages"]) == {"frozen", "frozen_constrained", "evolved"}
+    split_tasks = {t.text for t in load_tasks(
+        ROOT / "digirl_lite/assets/tasks/webshop_unseen_products.txt")[:4]}
     for st in s["stages"].values():
         assert st["judged_episodes"] == 8 and 0.0 <= st["success_rate"] <= 1.0
         assert set(st["decided"]) == {"agent", "rule", "xi"}
+        # the held-out split beside the test list (issue 48, item 4), its own 4 tasks
+        sp = st["splits"]["unseen_products"]
+        assert sp["judged_episodes"] == 4 and set(sp["per_task"]) == split_tasks
+        # rules' share per task kind: Web Shopping's levels, episodes adding up
+        kinds = st["decided_by_kind"]
+        assert set(kinds) <= {"webshop level 1", "webshop level 2", "webshop level 3"}
+        assert sum(k["episodes"] for k in kinds.values()) == 8
+        assert sum(k["successes"] for k in kinds.values()) == st["successes"]
     assert s["stages"]["frozen"]["decided"]["agent"] == 1.0  # H0 is the agent alone
     ev = s["evolution"]
     assert ev["generations"] >= 1 and ev["episodes"] >= 70
@@ -727,7 +774,8 @@ def test_the_recipe_evolves_the_frozen_policy_s_harness_end_to_end(tmp_path):
     assert len(archive["nodes"]) == ev["generations"] + 1
     assert (tmp_path / "lineage.png").stat().st_size > 1000
     report = (tmp_path / "report.md").read_text()
-    assert "## Lineage" in report
+    assert "## Lineage" in report and "| evolved on unseen_products |" in report
+    assert "## Steps decided by rules, per task kind" in report
     # the simulator's truth beside the judge's pass@1 (issue 32): the oracle agrees
     for st in s["stages"].values():
         assert st["truth"] == "environment" and st["true_success_rate"] == st["success_rate"]
@@ -740,6 +788,37 @@ def test_the_recipe_evolves_the_frozen_policy_s_harness_end_to_end(tmp_path):
         run_evolution(EvolveConfig(accept="some"), tmp_path / "x")
     with pytest.raises(ConfigError, match="unknown field"):
         EvolveConfig.from_dict({"budgte": 3})
+
+
+@pytest.mark.slow
+def test_the_copy_mask_reaches_the_frozen_policy_agent():
+    """``copy_typed_text``: every text the frozen policy types is a span of its goal (issue
+    48, item 4 (b): the paper setting's starting policy acts with the copy mask); without it
+    the same policy types text the goal does not hold (the premise, on unseen products)."""
+    from digirl_lite.data.records import ScreenTable
+    from digirl_lite.envs.sim.env import SimEnvFactory
+    from digirl_lite.harness.evolve import EvolveConfig, _agent_factory
+    from digirl_lite.harness.harness import H0_COMPONENTS
+    from digirl_lite.rollout.factory import make_fleet
+    from digirl_lite.train.evaluate import evaluate
+
+    tasks = [t for t in load_tasks(ROOT / "digirl_lite/assets/tasks/"
+                                   "webshop_unseen_products.txt") if t.level >= 2][:12]
+    typed = {}
+    for copy in (False, True):
+        make, _, _ = _agent_factory(EvolveConfig(copy_typed_text=copy))
+        fleet = make_fleet("sync", SimEnvFactory(tasks="webshop", ui_tree=True), 6)
+        try:
+            agent = make(dict(H0_COMPONENTS), screens := ScreenTable())
+            agent.crn_salt = 7
+            _, episodes = evaluate(fleet, agent, tasks, seed=500, screens=screens,
+                                   n_tasks=None)
+        finally:
+            fleet.close()
+        typed[copy] = [(e.trajectory.task, s.action.typed_text) for e in episodes
+                       for s in e.trajectory.steps if s.action.typed_text]
+    assert typed[True] and all(t.lower() in goal.lower() for goal, t in typed[True])
+    assert any(t.lower() not in goal.lower() for goal, t in typed[False])
 
 
 @pytest.mark.slow
