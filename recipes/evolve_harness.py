@@ -25,35 +25,22 @@ Writes OUT/summary.json, report.md, lineage.png, metrics.jsonl and darwinx/.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
 from digirl_lite.errors import ConfigError
-from digirl_lite.harness.evolve import QUICK, EvolveConfig, run_evolution, run_label
+from digirl_lite.harness.evolve import (
+    QUICK,
+    EvolveConfig,
+    command_line_fields,
+    run_evolution,
+    run_label,
+)
 from digirl_lite.train.evaluate import stage_rates
 
 
 def config_from(args: argparse.Namespace) -> EvolveConfig:
-    d: dict = {}
-    if args.config:  # EvolveConfig fields; keys starting with "_" are comments
-        d.update({k: v for k, v in json.loads(Path(args.config).read_text()).items()
-                  if not k.startswith("_")})
-    if args.quick:
-        d.update(QUICK)
-    if args.world:
-        d["world"] = args.world
-    if args.seed is not None:
-        d["seed"] = args.seed
-    for item in args.set:
-        if "=" not in item:
-            raise ConfigError(f"--set {item!r}: give FIELD=JSON")
-        k, v = item.split("=", 1)
-        try:
-            d[k] = json.loads(v)
-        except json.JSONDecodeError:
-            d[k] = v  # a bare string
-    return EvolveConfig.from_dict(d)
+    return EvolveConfig.from_dict(command_line_fields(args, QUICK))
 
 
 def main(argv: list[str] | None = None) -> dict:

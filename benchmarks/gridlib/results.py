@@ -170,6 +170,11 @@ def result_record(job: Job, attempts: list[dict[str, Any]] | None = None) -> dic
                           "edits": [{"kind": e.get("kind"), "id": _edit_id(e)}
                                     for e in ev.get("edits", [])]}}
            if (ev := summary.get("evolution")) else {}),
+        **({"claw": {"active": [u["id"] for u in cl.get("active", [])],
+                     **{k: cl[k] for k in ("held_out_lost", "held_out_gained") if k in cl},
+                     "promoted_by_cycle": [c.get("promoted", [])
+                                           for c in summary.get("cycles", [])]}}
+           if (cl := summary.get("claw")) else {}),
         "finished_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }
 

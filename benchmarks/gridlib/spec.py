@@ -18,7 +18,7 @@ from . import repo
 from .repo import GRIDS, RESULTS, RUNS, _rel
 
 RECIPE = "recipes/offline_to_online.py"
-OWN_CONFIG_RECIPES = {"evolve_harness.py"}
+OWN_CONFIG_RECIPES = {"evolve_harness.py", "claw.py"}
 """Recipes in recipes/ with their own config (not DigiRLConfig): their fields are checked by
 the recipe itself when it starts."""
 STAGES = ("copier", "offline", "online")

@@ -37,8 +37,27 @@ QUICK = {"budget": 160, "evo_tasks": 6, "eval_tasks": 16, "k_screen": 2, "k_conf
          "probe_k": 2, "n_envs": 8}
 
 
+class RunFields:
+    """A frozen-agent run's config dataclass: its field names, built from a dict (an
+    unknown field is a ConfigError listing the known ones) and written back as one."""
+
+    @classmethod
+    def fields(cls) -> list[str]:
+        return [f.name for f in dataclasses.fields(cls)]
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Any:
+        unknown = sorted(set(d) - set(cls.fields()))
+        if unknown:
+            raise ConfigError(f"unknown field(s) {unknown}; known: {cls.fields()}")
+        return cls(**d)
+
+
 @dataclass
-class EvolveConfig:
+class EvolveConfig(RunFields):
     """A harness-evolution run.
 
     Attributes:
@@ -139,25 +158,14 @@ class EvolveConfig:
     def __post_init__(self) -> None:
         # a JSON list (a config file, --set evidence='["failure"]') or a bare comma list
         # (--set evidence=failure,self); check() says what is wrong with the kinds
-        if isinstance(self.evidence, str):
-            self.evidence = tuple(k.strip() for k in self.evidence.split(",") if k.strip())
-        elif isinstance(self.evidence, list):
-            self.evidence = tuple(self.evidence)
-        if isinstance(self.eval_splits, str):
-            self.eval_splits = tuple(k.strip() for k in self.eval_splits.split(",")
-                                     if k.strip())
-        elif isinstance(self.eval_splits, list):
-            self.eval_splits = tuple(self.eval_splits)
+        self.evidence = as_tuple(self.evidence)
+        self.eval_splits = as_tuple(self.eval_splits)
 
     @property
     def active_teacher(self) -> str:
         """The teacher the loop plays: ``teacher``, or "none" where ``evidence`` leaves the
         teacher's episodes out."""
         return self.teacher if "teacher" in self.evidence else "none"
-
-    @classmethod
-    def fields(cls) -> list[str]:
-        return [f.name for f in dataclasses.fields(cls)]
 
     def check(self) -> None:
         """Every field that cannot work, before anything runs."""
@@ -192,19 +200,8 @@ class EvolveConfig:
             bad("evidence", f"{list(ev)} names a kind twice")
         if ev == ("teacher",) and self.teacher == "none":
             bad("evidence", "['teacher'] alone with teacher 'none' gives the proposer nothing")
-        if "privileged_state" in self.env:
-            bad("env", "privileged_state follows the teacher (on for 'privileged_expert' "
-                "only); do not set it")
         if self.accept not in ACCEPT_MODES:
             bad("accept", f"{self.accept!r} is not one of {ACCEPT_MODES}")
-        if not isinstance(self.eval_splits, tuple) or not all(
-                isinstance(x, str) and x for x in self.eval_splits):
-            bad("eval_splits", f"must be a list of split names or task files, got "
-                f"{self.eval_splits!r}")
-        for x in self.eval_splits:
-            if not split_file(self.world, x).is_file():
-                bad("eval_splits", f"no split {x!r} on {self.world} (no file "
-                    f"{split_file(self.world, x)})")
         for name in ("budget", "evo_tasks", "k_screen", "k_confirm", "probe_k", "eval_tasks",
                      "eval_split_tasks", "n_envs"):
             v = getattr(self, name)
@@ -216,26 +213,12 @@ class EvolveConfig:
             bad("merges", f"must be an int >= 0, got {self.merges!r}")
         if self.delta < 0:
             bad("delta", f"must be >= 0, got {self.delta}")
-        if not isinstance(self.copy_typed_text, bool):
-            bad("copy_typed_text", f"must be true or false, got {self.copy_typed_text!r}")
+        check_frozen_setting(self)
         if self.copy_typed_text and self.agent != "policy":
             bad("copy_typed_text", "the copy mask is the policy agent's (agent 'policy'); a "
                 "prompted agent writes its own text")
         if self.fleet not in ("sync", "process"):
             bad("fleet", f"{self.fleet!r} is not 'sync' or 'process'")
-        if self.starting_policy is not None and not Path(self.starting_policy).expanduser() \
-                .is_dir():
-            bad("starting_policy", f"{self.starting_policy!r} is not a directory")
-        if self.setting is not None:
-            if self.env or self.starting_policy is not None or self.agent != "policy":
-                bad("setting", "a setting gives the phones, the frozen policy and its copy "
-                    "mask: not with env, starting_policy or a prompted agent")
-            env, policy, _ = self.resolved()
-            if not policy.is_dir():
-                bad("setting", f"{self.setting}: no shipped starting policy for "
-                    f"{self.world} at {policy} (build it with python "
-                    f"recipes/make_starting_policy.py --config {self.setting} --world "
-                    f"{self.world})")
         for name in ("agent_backend", "proposer_backend"):
             b = getattr(self, name)
             if b:
@@ -247,41 +230,115 @@ class EvolveConfig:
                     bad(name, str(e))
 
     def resolved(self) -> tuple[dict[str, Any], Path, bool]:
-        """The phones' SimPhoneEnv fields, the frozen policy's directory and the copy mask:
-        from ``setting`` where it is given, else ``env``, ``starting_policy`` (None: the
-        shipped one of ``world``) and ``copy_typed_text``.
+        """The phones' SimPhoneEnv fields, the frozen policy's directory and the copy mask
+        (:func:`frozen_setting`)."""
+        return frozen_setting(self.world, self.setting, self.env, self.starting_policy,
+                              self.copy_typed_text)
 
-        Raises:
-            ConfigError: a setting file that does not load (naming ``setting``)."""
-        from digirl_lite.paths import data_dir
 
-        if self.setting is None:
-            path = (Path(self.starting_policy).expanduser() if self.starting_policy else
-                    data_dir() / "policies" / f"sft-{self.world}")
-            return dict(self.env), path, bool(self.copy_typed_text)
-        from digirl_lite.envs.setup import sim_env_kwargs
-        from digirl_lite.train.config import load_config
-        from digirl_lite.train.starting import shipped_policy_dir
 
+def frozen_setting(world: str, setting: str | None, env: dict[str, Any],
+                   starting_policy: str | None, copy_typed_text: bool
+                   ) -> tuple[dict[str, Any], Path, bool]:
+    """Where a frozen policy acts: the phones' SimPhoneEnv fields, the policy's directory and
+    its copy mask. From ``setting`` (a training run's config file: its live phone, its
+    shipped starting policy for ``world``, its ``copy_typed_text``) where it is given, else
+    ``env``, ``starting_policy`` (None: the shipped one of ``world``) and
+    ``copy_typed_text``. Shared by DarwinX (:class:`EvolveConfig`) and Darwin-Claw's runs
+    (:class:`~digirl_lite.harness.claw.run.ClawRunConfig`).
+
+    Raises:
+        ConfigError: a setting file that does not load, or one not on the simulated phone
+            (naming ``setting``)."""
+    from digirl_lite.paths import data_dir
+
+    if setting is None:
+        path = (Path(starting_policy).expanduser() if starting_policy else
+                data_dir() / "policies" / f"sft-{world}")
+        return dict(env), path, bool(copy_typed_text)
+    from digirl_lite.envs.setup import sim_env_kwargs
+    from digirl_lite.train.config import load_config
+    from digirl_lite.train.starting import shipped_policy_dir
+
+    try:
+        run = load_config(setting, world=world)
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"setting: {setting}: {e}") from e
+    if run.env != "sim":
+        raise ConfigError(f"setting: {setting} is a run on env {run.env!r}; a frozen agent "
+                          "here acts on the simulated phone")
+    return (sim_env_kwargs(run), shipped_policy_dir(run),
+            bool(run.copy_typed_text or copy_typed_text))
+
+
+def check_frozen_setting(cfg: Any) -> None:
+    """The setting fields of a frozen-agent run's config (``setting``, ``env``,
+    ``starting_policy``, ``copy_typed_text``, ``eval_splits``), as ConfigErrors naming the
+    field."""
+    def bad(name: str, why: str) -> None:
+        raise ConfigError(f"{name}: {why}")
+
+    if not isinstance(cfg.copy_typed_text, bool):
+        bad("copy_typed_text", f"must be true or false, got {cfg.copy_typed_text!r}")
+    if "privileged_state" in cfg.env:
+        bad("env", "privileged_state follows the teacher (on for 'privileged_expert' "
+            "only); do not set it")
+    if cfg.starting_policy is not None and not Path(cfg.starting_policy).expanduser() \
+            .is_dir():
+        bad("starting_policy", f"{cfg.starting_policy!r} is not a directory")
+    if cfg.setting is not None:
+        if cfg.env or cfg.starting_policy is not None or getattr(cfg, "agent",
+                                                                 "policy") != "policy":
+            bad("setting", "a setting gives the phones, the frozen policy and its copy "
+                "mask: not with env, starting_policy or a prompted agent")
+        _, policy, _ = cfg.resolved()
+        if not policy.is_dir():
+            bad("setting", f"{cfg.setting}: no shipped starting policy for {cfg.world} at "
+                f"{policy} (build it with python recipes/make_starting_policy.py --config "
+                f"{cfg.setting} --world {cfg.world})")
+    if not isinstance(cfg.eval_splits, tuple) or not all(
+            isinstance(x, str) and x for x in cfg.eval_splits):
+        bad("eval_splits", f"must be a list of split names or task files, got "
+            f"{cfg.eval_splits!r}")
+    for x in cfg.eval_splits:
+        if not split_file(cfg.world, x).is_file():
+            bad("eval_splits", f"no split {x!r} on {cfg.world} (no file "
+                f"{split_file(cfg.world, x)})")
+
+
+def command_line_fields(args: Any, quick: dict[str, Any]) -> dict[str, Any]:
+    """A frozen-agent recipe's config fields from its command line: ``--config`` (a JSON
+    file; keys starting with "_" are comments), ``quick`` where ``--quick``, ``--world``,
+    ``--seed``, then each ``--set FIELD=JSON`` (a value that is not JSON is a string).
+
+    Raises:
+        ConfigError: a ``--set`` without "="."""
+    d: dict[str, Any] = {}
+    if args.config:
+        d.update({k: v for k, v in json.loads(Path(args.config).read_text()).items()
+                  if not k.startswith("_")})
+    if args.quick:
+        d.update(quick)
+    if args.world:
+        d["world"] = args.world
+    if args.seed is not None:
+        d["seed"] = args.seed
+    for item in args.set:
+        if "=" not in item:
+            raise ConfigError(f"--set {item!r}: give FIELD=JSON")
+        k, v = item.split("=", 1)
         try:
-            run = load_config(self.setting, world=self.world)
-        except (OSError, ValueError) as e:
-            raise ConfigError(f"setting: {self.setting}: {e}") from e
-        if run.env != "sim":
-            raise ConfigError(f"setting: {self.setting} is a run on env {run.env!r}; a "
-                              "harness evolution here runs on the simulated phone")
-        return (sim_env_kwargs(run), shipped_policy_dir(run),
-                bool(run.copy_typed_text or self.copy_typed_text))
+            d[k] = json.loads(v)
+        except json.JSONDecodeError:
+            d[k] = v  # a bare string
+    return d
 
-    def as_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
 
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> EvolveConfig:
-        unknown = sorted(set(d) - set(cls.fields()))
-        if unknown:
-            raise ConfigError(f"unknown field(s) {unknown}; known: {cls.fields()}")
-        return cls(**d)
+def as_tuple(value: Any) -> Any:
+    """A config list field as a tuple: a JSON list, or a bare comma list from ``--set``."""
+    if isinstance(value, str):
+        return tuple(k.strip() for k in value.split(",") if k.strip())
+    return tuple(value) if isinstance(value, list) else value
 
 
 def split_file(world: str, name: str) -> Path:
@@ -299,7 +356,7 @@ def _agent_view(cfg: EvolveConfig, policy_path: str | None) -> tuple[frozenset[s
     (DarwinX refuses edits to what it cannot read; issue 48, item 3)."""
     from digirl_lite.harness.harness import PolicyAgent
 
-    if cfg.agent == "prompted":
+    if getattr(cfg, "agent", "policy") == "prompted":
         from digirl_lite.harness.llm import PromptedAgent
 
         return PromptedAgent.reads, f"prompted agent ({cfg.agent_backend.get('model')})"
@@ -312,7 +369,7 @@ def _agent_factory(cfg: EvolveConfig):
     """``(components, screens) -> HarnessAgent`` and the constrained-decoding baseline."""
     from digirl_lite.harness.harness import HarnessAgent, PolicyAgent
 
-    if cfg.agent == "prompted":
+    if getattr(cfg, "agent", "policy") == "prompted":
         from digirl_lite.harness.llm import PromptedAgent
 
         agent = PromptedAgent(dict(cfg.agent_backend))
@@ -358,6 +415,36 @@ def _proposer(cfg: EvolveConfig, out: Path, reads: frozenset[str] = frozenset())
     from digirl_lite.harness.proposers import ScriptedProposer
 
     return ScriptedProposer()
+
+
+def held_out_sets(cfg: Any) -> tuple[list[str], dict[str, list[Any]], dict[str, str]]:
+    """A frozen-agent run's held-out tasks: the first ``eval_tasks`` of the world's test
+    list (texts), the first ``eval_split_tasks`` of each of ``eval_splits`` by split name,
+    and every one's kind (:func:`task_kind`) by its text."""
+    from digirl_lite.envs.sim.env import SimPhoneEnv
+    from digirl_lite.envs.sim.tasks import load_tasks
+
+    test = SimPhoneEnv._load_task_list(f"{cfg.world}_test")
+    splits = {split_file(cfg.world, x).stem.removeprefix(f"{cfg.world}_"):
+              load_tasks(split_file(cfg.world, x))[:cfg.eval_split_tasks]
+              for x in cfg.eval_splits}
+    kinds = {t.text: task_kind(t) for t in [*test, *(t for ts in splits.values()
+                                                     for t in ts)]}
+    return [t.text for t in test][:cfg.eval_tasks], splits, kinds
+
+
+def measure(fleet: Any, maker: Any, components: dict[str, str], held: list[str],
+            splits: dict[str, list[Any]], kinds: dict[str, str], seed: int
+            ) -> dict[str, Any]:
+    """One stage's held-out report: pass@1 on ``held`` at env seeds ``10_000 + 1000 *
+    seed + k``, each split under ``splits`` on seeds of its own (the same at every stage,
+    so that stages pair task by task and noise by noise)."""
+    rep = _held_out(fleet, maker, components, held, 10_000 + 1000 * seed, kinds)
+    if splits:
+        rep["splits"] = {sp: _held_out(fleet, maker, components, tasks,
+                                       10_000 + 1000 * seed + 100 * (k + 1), kinds)
+                         for k, (sp, tasks) in enumerate(splits.items())}
+    return rep
 
 
 def task_kind(task: Any) -> str:
@@ -497,10 +584,9 @@ def _evolve(cfg: EvolveConfig, out: Path, resume: bool, log: Any) -> dict[str, A
 
     t0 = time.time()
     log(f"harness evolution on {cfg.world}, seed {cfg.seed}: {run_label(cfg.as_dict())}")
-    test_tasks = SimPhoneEnv._load_task_list(f"{cfg.world}_test")
-    test = [t.text for t in test_tasks]
+    held, splits, kinds = held_out_sets(cfg)
+    test = [t.text for t in SimPhoneEnv._load_task_list(f"{cfg.world}_test")]
     evo = evolution_tasks(cfg.world, cfg.evo_tasks, seed=cfg.seed, exclude=test)
-    held = test[:cfg.eval_tasks]
     make, make_constrained, policy_path = _agent_factory(cfg)
     # the phones give obs.state only to the privileged teacher: a run without it sees what
     # a real device shows (issue 48, "Done when")
@@ -519,23 +605,10 @@ def _evolve(cfg: EvolveConfig, out: Path, resume: bool, log: Any) -> dict[str, A
     if resume and prev.is_file():
         summary["stages"] = json.loads(prev.read_text()).get("stages", {})
 
-    from digirl_lite.envs.sim.tasks import load_tasks
-
-    splits = {split_file(cfg.world, x).stem.removeprefix(f"{cfg.world}_"):
-              load_tasks(split_file(cfg.world, x))[:cfg.eval_split_tasks]
-              for x in cfg.eval_splits}
-    kinds = {t.text: task_kind(t) for t in [*test_tasks, *(t for ts in splits.values()
-                                                          for t in ts)]}
-
     def stage(name: str, maker, components) -> None:
         if name in summary["stages"]:
             return
-        rep = _held_out(fleet, maker, components, held, 10_000 + 1000 * cfg.seed, kinds)
-        if splits:  # each split on seeds of its own, the same at every stage (paired)
-            rep["splits"] = {
-                sp: _held_out(fleet, maker, components, tasks,
-                              10_000 + 1000 * cfg.seed + 100 * (k + 1), kinds)
-                for k, (sp, tasks) in enumerate(splits.items())}
+        rep = measure(fleet, maker, components, held, splits, kinds, cfg.seed)
         summary["stages"][name] = rep
         prev.write_text(json.dumps(summary, indent=1, default=float))
         with open(metrics, "a") as f:
