@@ -15,7 +15,8 @@ that policy:
   day's trajectories, no offline phase (the critics start from their initial values);
 - ``both``: DigiRL online as ``digirl``, with a Darwin-Claw bank around the learning
   policy: the day's trajectories train the policy and feed the bank's cycle, whose units are
-  validated with the updated policy.
+  validated with the updated policy. Its policy is also evaluated with its units off
+  (``both_units_off``, issue 48 item 5): units at evaluation apart from units in collection.
 
 On each day, for each arm:
 
@@ -251,6 +252,11 @@ def run_seed(args: argparse.Namespace, seed: int, setup: Setup, train: list[str]
                 day["arms"][name] = dict(day["arms"]["frozen"], same_as_frozen=True)
             else:
                 day["arms"][name] = held_out(arm, fleet, rules, test, ev_seed)
+            if name == "both":  # the learned policy without its units (issue 48, item 5):
+                # what the units add at evaluation, apart from what they added in collection
+                day["both_units_off"] = (held_out(arm, fleet, "", test, ev_seed)
+                                         if rules.strip() else
+                                         dict(day["arms"][name], same_as_with_units=True))
             if name != "frozen":  # the day's experience: the training tasks, the same seeds
                 screens = arm.trainer.screens if arm.trainer else ScreenTable()
                 eps = fleet.collect(arm.agent(rules, screens, col_seed), sample, screens,
@@ -289,7 +295,10 @@ def write_md(res: dict[str, Any], path: Path, findings: str = "") -> None:
              f"{', '.join(arms)}. Pass@1 on the first {res['args']['n_test']} test tasks per "
              f"day, every arm on the same env seeds and CRN salt; Wilson 95% intervals. "
              f"Command: `{res['command']}`; code at commit `{res['commit']}`.", ""]
-    head = (["day"] + arms + [f"{a}: steps by rules" for a in arms if a in ("claw", "both")]
+    off = "both" in arms and any("both_units_off" in d for s in res["seeds"]
+                                 for d in s["days"])
+    head = (["day"] + arms + (["both, units off at evaluation"] if off else [])
+            + [f"{a}: steps by rules" for a in arms if a in ("claw", "both")]
             + [f"{a}: active units at eval (S, e, c)" for a in arms if a in ("claw", "both")]
             + [f"{a}: promoted / evicted" for a in arms if a in ("claw", "both")]
             + [f"{a}: collected successes" for a in arms if a in ("digirl", "both")])
@@ -301,6 +310,10 @@ def write_md(res: dict[str, Any], path: Path, findings: str = "") -> None:
             for a in arms:
                 r = d["arms"][a]
                 row.append(_fmt_rate(r) + (" (= frozen)" if r.get("same_as_frozen") else ""))
+            if off:
+                r = d.get("both_units_off")
+                row.append("-" if r is None else _fmt_rate(r) + (
+                    " (no unit active)" if r.get("same_as_with_units") else ""))
             for a in arms:
                 if a in ("claw", "both"):
                     row.append(f"{100 * d['arms'][a]['decided']['rule']:.1f}%")
