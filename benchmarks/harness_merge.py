@@ -49,7 +49,8 @@ def main(argv: list[str] | None = None) -> dict:
     from digirl_lite.envs.sim.env import SimEnvFactory, SimPhoneEnv
     from digirl_lite.envs.sim.tasks import parse_task
     from digirl_lite.harness.darwinx import DarwinX, avg_at_k, merge, select_parent, solved_set
-    from digirl_lite.harness.evolve import EvolveConfig, _agent_factory, _held_out
+    from digirl_lite.harness.evolve import EvolveConfig
+    from digirl_lite.harness.frozen import agent_factory, held_out
     from digirl_lite.harness.harness import Harness
     from digirl_lite.harness.proposers import ScriptedProposer
     from digirl_lite.harness.runner import HarnessRunner, evolution_tasks
@@ -61,7 +62,7 @@ def main(argv: list[str] | None = None) -> dict:
     pool = evolution_tasks("webshop", 200, seed=args.seed, exclude=test)
     fam = {"A": [t for t in pool if parse_task(t).level in (1, 2)][:args.tasks],
            "B": [t for t in pool if parse_task(t).level == 3][:args.tasks]}
-    make, _, policy = _agent_factory(EvolveConfig())
+    make, _, policy = agent_factory(EvolveConfig())
     fleet = make_fleet("sync", SimEnvFactory(tasks="webshop", ui_tree=True), args.n_envs)
     teacher = make_teacher(args.teacher)
     print(f"E4 merge, seed {args.seed}: {teacher_label(args.teacher)}", flush=True)
@@ -104,7 +105,7 @@ def main(argv: list[str] | None = None) -> dict:
                         ("v2_family_B", variants["B"].components)] + (
             [("merged", Harness.from_dict(result["child"]).components)]
             if result.get("child") else []):
-        rep = _held_out(fleet, make, comps, held_tasks, 20_000 + args.seed)
+        rep = held_out(fleet, make, comps, held_tasks, 20_000 + args.seed)
         held[name] = {k: rep[k] for k in ("success_rate", "ci95", "successes",
                                           "judged_episodes", "decided")}
         print(f"held-out {name}: {100 * rep['success_rate']:.1f}%", flush=True)

@@ -10,10 +10,16 @@ per stage, who decided the evolved harness's steps, and two counts of regression
   of the gate arm's run at the same seed: the same tasks, seeds and sampling noise).
 
     python benchmarks/harness_regressions.py
+    python benchmarks/harness_regressions.py --runs benchmarks/results/harness/darwinx_b_runs \
+        --reference all        # setting (b) of issue 48, item 4 (E2 rerun)
+
+``--reference``: the arm whose runs measured the frozen stage (the others share it by common
+random numbers at the same seed).
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 from pathlib import Path
 
@@ -36,13 +42,18 @@ def accepted_losses(archive: dict) -> int:
     return lost
 
 
-def main() -> list[dict]:
+def main(argv: list[str] | None = None) -> list[dict]:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--runs", type=Path, default=RUNS, help="<arm>-seed<S>/ run records")
+    ap.add_argument("--reference", default="gate", help="the arm that measured frozen")
+    args = ap.parse_args(argv)
+    runs = args.runs
     frozen = {}
-    for d in sorted(RUNS.glob("gate-seed*")):
+    for d in sorted(runs.glob(f"{args.reference}-seed*")):
         frozen[d.name.split("-")[1]] = json.loads((d / "summary.json").read_text())[
             "stages"]["frozen"]["per_task"]
     rows = []
-    for d in sorted(RUNS.iterdir()):
+    for d in sorted(runs.iterdir()):
         s = json.loads((d / "summary.json").read_text())
         arm, seed = d.name.rsplit("-", 1)
         ev = s["stages"]["evolved"]

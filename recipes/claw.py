@@ -24,7 +24,7 @@ import sys
 
 from digirl_lite.errors import ConfigError
 from digirl_lite.harness.claw.run import QUICK, ClawRunConfig, run_claw
-from digirl_lite.harness.evolve import command_line_fields
+from digirl_lite.harness.frozen import command_line_fields
 from digirl_lite.train.evaluate import stage_rates
 
 

@@ -29,13 +29,8 @@ import sys
 from pathlib import Path
 
 from digirl_lite.errors import ConfigError
-from digirl_lite.harness.evolve import (
-    QUICK,
-    EvolveConfig,
-    command_line_fields,
-    run_evolution,
-    run_label,
-)
+from digirl_lite.harness.evolve import QUICK, EvolveConfig, run_evolution, run_label
+from digirl_lite.harness.frozen import command_line_fields
 from digirl_lite.train.evaluate import stage_rates
 
 

@@ -797,7 +797,8 @@ def test_the_copy_mask_reaches_the_frozen_policy_agent():
     the same policy types text the goal does not hold (the premise, on unseen products)."""
     from digirl_lite.data.records import ScreenTable
     from digirl_lite.envs.sim.env import SimEnvFactory
-    from digirl_lite.harness.evolve import EvolveConfig, _agent_factory
+    from digirl_lite.harness.evolve import EvolveConfig
+    from digirl_lite.harness.frozen import agent_factory
     from digirl_lite.harness.harness import H0_COMPONENTS
     from digirl_lite.rollout.factory import make_fleet
     from digirl_lite.train.evaluate import evaluate
@@ -806,7 +807,7 @@ def test_the_copy_mask_reaches_the_frozen_policy_agent():
                                    "webshop_unseen_products.txt") if t.level >= 2][:12]
     typed = {}
     for copy in (False, True):
-        make, _, _ = _agent_factory(EvolveConfig(copy_typed_text=copy))
+        make, _, _ = agent_factory(EvolveConfig(copy_typed_text=copy))
         fleet = make_fleet("sync", SimEnvFactory(tasks="webshop", ui_tree=True), 6)
         try:
             agent = make(dict(H0_COMPONENTS), screens := ScreenTable())

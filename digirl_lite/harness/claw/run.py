@@ -3,7 +3,7 @@ bank over cycles of practice, chosen by config (:class:`ClawRunConfig`) and run 
 :func:`run_claw` (``recipes/claw.py`` on the command line).
 
 Where the frozen policy acts comes from the same fields as a DarwinX run
-(:func:`~digirl_lite.harness.evolve.frozen_setting`): today's phone and the shipped policy by
+(:func:`~digirl_lite.harness.frozen.frozen_setting`): today's phone and the shipped policy by
 default, or ``setting`` (a training run's config: its live phone, its shipped starting
 policy, its copy mask), so that a frozen agent adapting to a phone that changed is one
 ``--set setting=recipes/configs/paper_setting.json``.
@@ -12,7 +12,7 @@ A run:
 
 1. **frozen**: held-out pass@1 of the policy alone (the H0 harness), on the first
    ``eval_tasks`` test tasks and the first ``eval_split_tasks`` of each of ``eval_splits``
-   (:func:`~digirl_lite.harness.evolve.measure`: the same env seeds and common random
+   (:func:`~digirl_lite.harness.frozen.measure`: the same env seeds and common random
    numbers at every stage, so the stages pair task by task).
 2. ``cycles`` cycles: the agent, with the bank's active units as its harness's skills
    (:func:`~digirl_lite.harness.claw.skill_rules`), plays ``train_tasks`` tasks drawn from
@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from digirl_lite.errors import ConfigError
-from digirl_lite.harness.evolve import RunFields
+from digirl_lite.harness.frozen import RunFields
 
 QUICK = {"cycles": 2, "train_tasks": 8, "eval_tasks": 16, "eval_split_tasks": 8,
          "n_envs": 8}
@@ -56,7 +56,7 @@ class ClawRunConfig(RunFields):
         world, seed: the simulated phone's task sets; the seed draws each cycle's training
             tasks and every env seed.
         setting, env, starting_policy, copy_typed_text: where the frozen policy acts
-            (:func:`~digirl_lite.harness.evolve.frozen_setting`, as in DarwinX's
+            (:func:`~digirl_lite.harness.frozen.frozen_setting`, as in DarwinX's
             :class:`~digirl_lite.harness.evolve.EvolveConfig`).
         constrained_decoding: the policy's action-format grammar on every step (the E3
             setting); off: the grammar only on a retry.
@@ -88,12 +88,12 @@ class ClawRunConfig(RunFields):
     temperature: float = 1.0
 
     def __post_init__(self) -> None:
-        from digirl_lite.harness.evolve import as_tuple
+        from digirl_lite.harness.frozen import as_tuple
 
         self.eval_splits = as_tuple(self.eval_splits)
 
     def resolved(self) -> tuple[dict[str, Any], Path, bool]:
-        from digirl_lite.harness.evolve import frozen_setting
+        from digirl_lite.harness.frozen import frozen_setting
 
         return frozen_setting(self.world, self.setting, self.env, self.starting_policy,
                               self.copy_typed_text)
@@ -101,7 +101,7 @@ class ClawRunConfig(RunFields):
     def check(self) -> None:
         """Every field that cannot work, before anything runs (ConfigError naming it)."""
         from digirl_lite.harness.claw import ClawConfig
-        from digirl_lite.harness.evolve import check_frozen_setting
+        from digirl_lite.harness.frozen import check_frozen_setting
 
         def bad(name: str, why: str) -> None:
             raise ConfigError(f"{name}: {why}")
@@ -195,7 +195,7 @@ def _run(cfg: ClawRunConfig, out: Path, resume: bool, log: Any) -> dict[str, Any
         traces_from_episodes,
         write_skill_md,
     )
-    from digirl_lite.harness.evolve import _agent_factory, held_out_sets, measure
+    from digirl_lite.harness.frozen import agent_factory, held_out_sets, measure
     from digirl_lite.harness.harness import H0_COMPONENTS
     from digirl_lite.provenance import environment
     from digirl_lite.redaction import redact
@@ -204,7 +204,7 @@ def _run(cfg: ClawRunConfig, out: Path, resume: bool, log: Any) -> dict[str, Any
 
     t0 = time.time()
     held, splits, kinds = held_out_sets(cfg)
-    make, make_constrained, policy_path = _agent_factory(cfg)
+    make, make_constrained, policy_path = agent_factory(cfg)
     maker = make_constrained if cfg.constrained_decoding else make
     env, _, _ = cfg.resolved()
     fleet = make_fleet("sync", SimEnvFactory(tasks=cfg.world, ui_tree=True, **env),
