@@ -189,41 +189,25 @@ def held_out(arm: Arm, fleet: Any, rules_text: str, tasks: list[str], seed: int
     return rec
 
 
-def _units(bank: Any, state: str) -> list[dict[str, Any]]:
-    us = bank.active() if state == "active" else bank.nursery()
-    return [{"id": u.id, "subtype": u.subtype, "trigger": u.trigger, "strategy": u.strategy,
-             "S": u.S, "e": u.e, "c": u.c, "eta": u.eta, "born": u.born} for u in us]
-
-
 def _cycle(arm: Arm, fleet: Any, eps: list[Any], salt: int, day: int) -> dict[str, Any]:
     """The day's Darwin-Claw cycle of ``arm``'s bank on its collected episodes, validated
     with ``arm``'s policy as it stands now (after the day's update, for ``both``)."""
     from digirl_lite.harness.claw import FleetRunner, ScriptedTriage, traces_from_episodes
+    from digirl_lite.harness.claw.run import cycle_record
 
     traces = traces_from_episodes(eps)
     runner = FleetRunner(fleet, arm.policy_agent, id_prefix=f"val-{arm.name}-d{day}",
                          crn_salt=salt)
     rep = arm.bank.cycle(traces, runner, [(t.task, t.seed) for t in traces],
                          ScriptedTriage())
-    ev = rep["events"]
-    return {
-        "collected": len(traces), "collected_successes": sum(t.success for t in traces),
-        "triage": {"kept": rep["triage"].get("kept", {}),
-                   "discarded": len(rep["triage"].get("discarded", {}))},
-        "admitted": rep["admitted"], "merged": rep["merged"], "archived": rep["archived"],
-        "refused": rep["refused"], "errors": rep["errors"],
-        "promoted": [e["eu"] for e in ev if e["event"] == "promoted"],
-        "evicted": [{"eu": e["eu"], "why": e["why"]} for e in ev if e["event"] == "evicted"],
-        "events": ev, "validations": rep["validations"],
-        "runner_calls": runner.calls, "runner_episodes": runner.episodes,
-        "active_after": _units(arm.bank, "active"), "nursery_after": _units(arm.bank, "nursery"),
-    }
+    return cycle_record(rep, traces, arm.bank, runner)
 
 
 def run_seed(args: argparse.Namespace, seed: int, setup: Setup, train: list[str],
              test: list[str], log) -> Iterator[dict[str, Any]]:
     from digirl_lite.data.records import ScreenTable, Source
     from digirl_lite.envs.sim.env import SimEnvFactory
+    from digirl_lite.harness.claw.run import units_record
     from digirl_lite.rollout.factory import make_fleet
 
     work = Path(args.work) / f"seed{seed}"
@@ -245,7 +229,7 @@ def run_seed(args: argparse.Namespace, seed: int, setup: Setup, train: list[str]
             rules = arm.rules()
             day["rules_at_eval"][name] = rules
             if arm.bank is not None:
-                day["active_at_eval"][name] = _units(arm.bank, "active")
+                day["active_at_eval"][name] = units_record(arm.bank)
             if name == "claw" and not rules.strip() and "frozen" in day["arms"]:
                 # no active unit: the claw arm is H0 on the frozen policy, the same seeds and
                 # salt: the frozen arm's episodes

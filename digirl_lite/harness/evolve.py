@@ -31,6 +31,7 @@ from digirl_lite.harness.frozen import (
     frozen_setting,
     held_out_sets,
     measure,
+    run_folder,
 )
 
 __all__ = ["EvolveConfig", "run_evolution", "QUICK", "PROPOSERS", "lineage_lines",
@@ -338,19 +339,9 @@ def _draw(archive: Any, path: Path, gens: list[dict[str, Any]]) -> None:
 def run_evolution(cfg: EvolveConfig, out: str | Path, resume: bool = False,
                   log: Any = print) -> dict[str, Any]:
     """The whole run; returns (and writes) ``summary.json``'s content."""
-    from digirl_lite.paths import lock_run_folder
-
     cfg.check()
-    out = Path(out)
-    if out.exists() and any(out.iterdir()) and not resume:
-        raise ConfigError(f"--out {out} is not empty: pass --resume to continue the run there "
-                          "or choose another folder")
-    out.mkdir(parents=True, exist_ok=True)
-    lock = lock_run_folder(out)  # a resume while the first process still runs: refused
-    try:
-        return _evolve(cfg, out, resume, log)
-    finally:
-        lock.release()
+    with run_folder(out, resume) as folder:  # a resume while the first process runs: refused
+        return _evolve(cfg, folder, resume, log)
 
 
 def _evolve(cfg: EvolveConfig, out: Path, resume: bool, log: Any) -> dict[str, Any]:

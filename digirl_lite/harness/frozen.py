@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from digirl_lite.errors import ConfigError
 
 __all__ = ["RunFields", "frozen_setting", "check_frozen_setting", "command_line_fields",
-           "as_tuple", "split_file", "agent_factory", "held_out_sets", "measure",
+           "as_tuple", "run_folder", "split_file", "agent_factory", "held_out_sets", "measure",
            "task_kind"]
 
 
@@ -37,7 +39,6 @@ class RunFields:
         if unknown:
             raise ConfigError(f"unknown field(s) {unknown}; known: {cls.fields()}")
         return cls(**d)
-
 
 
 def frozen_setting(world: str, setting: str | None, env: dict[str, Any],
@@ -144,6 +145,27 @@ def as_tuple(value: Any) -> Any:
     return tuple(value) if isinstance(value, list) else value
 
 
+@contextmanager
+def run_folder(out: str | Path, resume: bool) -> Iterator[Path]:
+    """A frozen-agent run's folder, held by its lock while the run goes (a second process on
+    it is refused); a folder with anything in it only with ``resume``.
+
+    Raises:
+        ConfigError: ``out`` not empty without ``resume``."""
+    from digirl_lite.paths import lock_run_folder
+
+    out = Path(out)
+    if out.exists() and any(out.iterdir()) and not resume:
+        raise ConfigError(f"--out {out} is not empty: pass --resume to continue the run there "
+                          "or choose another folder")
+    out.mkdir(parents=True, exist_ok=True)
+    lock = lock_run_folder(out)
+    try:
+        yield out
+    finally:
+        lock.release()
+
+
 def split_file(world: str, name: str) -> Path:
     """The task file of the held-out split ``name`` (the Trainer's ``eval_splits`` rule,
     :func:`digirl_lite.envs.setup.split_path`)."""
@@ -152,7 +174,6 @@ def split_file(world: str, name: str) -> Path:
     from digirl_lite.envs.setup import split_path
 
     return split_path(SimpleNamespace(world=world), name)
-
 
 
 def agent_factory(cfg: Any):
@@ -185,17 +206,16 @@ def agent_factory(cfg: Any):
     return make, make_constrained, str(path)
 
 
-
 def held_out_sets(cfg: Any) -> tuple[list[str], dict[str, list[Any]], dict[str, str]]:
     """A frozen-agent run's held-out tasks: the first ``eval_tasks`` of the world's test
     list (texts), the first ``eval_split_tasks`` of each of ``eval_splits`` by split name,
     and every one's kind (:func:`task_kind`) by its text."""
+    from digirl_lite.envs.setup import split_name
     from digirl_lite.envs.sim.env import SimPhoneEnv
     from digirl_lite.envs.sim.tasks import load_tasks
 
     test = SimPhoneEnv._load_task_list(f"{cfg.world}_test")
-    splits = {split_file(cfg.world, x).stem.removeprefix(f"{cfg.world}_"):
-              load_tasks(split_file(cfg.world, x))[:cfg.eval_split_tasks]
+    splits = {split_name(cfg, x): load_tasks(split_file(cfg.world, x))[:cfg.eval_split_tasks]
               for x in cfg.eval_splits}
     kinds = {t.text: task_kind(t) for t in [*test, *(t for ts in splits.values()
                                                      for t in ts)]}
@@ -223,7 +243,7 @@ def task_kind(task: Any) -> str:
 
 
 def held_out(fleet, make, components, tasks, seed: int,
-              kinds: dict[str, str] | None = None) -> dict[str, Any]:
+             kinds: dict[str, str] | None = None) -> dict[str, Any]:
     """pass@1 on ``tasks``: summarize()'s record plus who decided the steps (in all, and per
     task kind where ``kinds`` maps each task's text to its kind)."""
     import torch

@@ -153,19 +153,11 @@ def run_claw(cfg: ClawRunConfig, out: str | Path, resume: bool = False,
     Raises:
         ConfigError: a field that cannot work, or a non-empty ``out`` without ``resume``.
     """
-    from digirl_lite.paths import lock_run_folder
+    from digirl_lite.harness.frozen import run_folder
 
     cfg.check()
-    out = Path(out)
-    if out.exists() and any(out.iterdir()) and not resume:
-        raise ConfigError(f"--out {out} is not empty: pass --resume to continue the run there "
-                          "or choose another folder")
-    out.mkdir(parents=True, exist_ok=True)
-    lock = lock_run_folder(out)
-    try:
-        return _run(cfg, out, resume, log)
-    finally:
-        lock.release()
+    with run_folder(out, resume) as folder:
+        return _run(cfg, folder, resume, log)
 
 
 def _triage(cfg: ClawRunConfig) -> Any:
@@ -178,10 +170,32 @@ def _triage(cfg: ClawRunConfig) -> Any:
     return ScriptedTriage()
 
 
-def _units(bank: Any) -> list[dict[str, Any]]:
+def units_record(bank: Any, state: str = "active") -> list[dict[str, Any]]:
+    """The bank's active (or ``"nursery"``) units as a report lists them."""
+    us = bank.active() if state == "active" else bank.nursery()
     return [{"id": u.id, "subtype": u.subtype, "trigger": u.trigger, "strategy": u.strategy,
-             "S": u.S, "e": u.e, "c": u.c, "eta": u.eta, "born": u.born}
-            for u in bank.active()]
+             "S": u.S, "e": u.e, "c": u.c, "eta": u.eta, "born": u.born} for u in us]
+
+
+def cycle_record(rep: dict[str, Any], traces: list[Any], bank: Any, runner: Any
+                 ) -> dict[str, Any]:
+    """One cycle's report (:meth:`ExperienceBank.cycle`'s ``rep`` on ``traces``, validated
+    through ``runner``) as a run records it: what was collected, triaged, admitted, promoted
+    and evicted, and the units after it (also E3's, ``benchmarks/claw_drift.py``)."""
+    ev = rep["events"]
+    return {
+        "collected": len(traces), "collected_successes": sum(bool(t.success) for t in traces),
+        "triage": {"kept": rep["triage"].get("kept", {}),
+                   "discarded": len(rep["triage"].get("discarded", {}))},
+        "admitted": rep["admitted"], "merged": rep["merged"], "archived": rep["archived"],
+        "refused": rep["refused"], "errors": rep["errors"],
+        "promoted": [e["eu"] for e in ev if e["event"] == "promoted"],
+        "evicted": [{"eu": e["eu"], "why": e.get("why")} for e in ev
+                    if e["event"] == "evicted"],
+        "events": ev, "validations": rep["validations"],
+        "runner_calls": runner.calls, "runner_episodes": runner.episodes,
+        "active_after": units_record(bank), "nursery_after": units_record(bank, "nursery"),
+    }
 
 
 def _run(cfg: ClawRunConfig, out: Path, resume: bool, log: Any) -> dict[str, Any]:
@@ -265,18 +279,8 @@ def _run(cfg: ClawRunConfig, out: Path, resume: bool, log: Any) -> dict[str, Any
             runner = FleetRunner(fleet, lambda sc: maker(dict(H0_COMPONENTS), sc).agent,
                                  id_prefix=f"val-c{c}", crn_salt=seed)
             rep = bank.cycle(traces, runner, [(t.task, t.seed) for t in traces], triage)
-            ev = rep["events"]
-            rec = {"cycle": c, "collected": len(traces),
-                   "collected_successes": sum(bool(t.success) for t in traces),
-                   "rules_in_collection": rules,
-                   "triage": {"kept": rep["triage"].get("kept", {}),
-                              "discarded": len(rep["triage"].get("discarded", {}))},
-                   "admitted": rep["admitted"], "refused": rep["refused"],
-                   "errors": rep["errors"], "validations": rep["validations"],
-                   "promoted": [e["eu"] for e in ev if e["event"] == "promoted"],
-                   "evicted": [{"eu": e["eu"], "why": e.get("why")} for e in ev
-                               if e["event"] == "evicted"],
-                   "active_after": _units(bank), "runner_episodes": runner.episodes}
+            rec = {"cycle": c, "rules_in_collection": rules,
+                   **cycle_record(rep, traces, bank, runner)}
             bank.save(bank_file)
             write_skill_md(bank, out / "skills")
             summary["cycles"].append(rec)
@@ -293,7 +297,7 @@ def _run(cfg: ClawRunConfig, out: Path, resume: bool, log: Any) -> dict[str, Any
     f_pt = summary["stages"]["frozen"]["per_task"]
     c_pt = summary["stages"]["claw"]["per_task"]
     summary["claw"] = {
-        "active": _units(bank),
+        "active": units_record(bank),
         "held_out_lost": sorted(t for t, v in f_pt.items() if v and c_pt.get(t) is False),
         "held_out_gained": sorted(t for t, v in c_pt.items() if v and f_pt.get(t) is False),
         "same_as_frozen": not summary["stages"]["claw"]["rules"].strip(),
