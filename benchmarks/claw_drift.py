@@ -14,9 +14,11 @@ that policy:
   paper's filters, 20 actor updates per iteration), one online iteration a day on that
   day's trajectories, no offline phase (the critics start from their initial values);
 - ``both``: DigiRL online as ``digirl``, with a Darwin-Claw bank around the learning
-  policy: the day's trajectories train the policy and feed the bank's cycle, whose units are
-  validated with the updated policy. Its policy is also evaluated with its units off
-  (``both_units_off``, issue 48 item 5): units at evaluation apart from units in collection.
+  policy: the library's ``claw`` option (:class:`~digirl_lite.train.claw.ClawLoop`, the
+  trainer's own bank and cycle): the day's trajectories train the policy and feed the
+  bank's cycle, whose units are validated with the updated policy. Its policy is also
+  evaluated with its units off (``both_units_off``, issue 48 item 5): units at evaluation
+  apart from units in collection.
 
 On each day, for each arm:
 
@@ -108,7 +110,7 @@ class Arm:
         from digirl_lite.harness.claw import ClawConfig, ExperienceBank
 
         self.name, self.setup = name, setup
-        self.bank = ExperienceBank(ClawConfig()) if name in ("claw", "both") else None
+        self.bank = ExperienceBank(ClawConfig()) if name == "claw" else None
         self.trainer = None
         if name in ("digirl", "both"):
             from digirl_lite.train.config import sim_webshop
@@ -117,11 +119,16 @@ class Arm:
             # the main job's DigiRL settings, from the same shipped policy as the frozen arm,
             # no offline phase: the critics start from their initial values and learn from
             # the days' trajectories only (the same data the claw arm learns from)
+            # both: the trainer's own experience bank (``claw``: its cycle, validated with
+            # the updated policy) around the learning policy
+            both = {"claw": True, "ui_tree": True} if name == "both" else {}
             cfg = sim_webshop(starting_policy=str(setup.path), constrained_decoding=True,
                               temperature=setup.temperature, seed=seed, n_envs=2,
-                              eval_every=0)
+                              eval_every=0, **both)
             self.trainer = Trainer(cfg, work / f"{name}-seed{seed}", cache_dir=None,
                                    progress=False)
+            if self.trainer.claw is not None:
+                self.bank = self.trainer.claw.bank
         self.policy = self.trainer.policy if self.trainer else setup.policy
         self.features = self.trainer.features if self.trainer else setup.features
         self.updates = 0
@@ -191,10 +198,14 @@ def held_out(arm: Arm, fleet: Any, rules_text: str, tasks: list[str], seed: int
 
 def _cycle(arm: Arm, fleet: Any, eps: list[Any], salt: int, day: int) -> dict[str, Any]:
     """The day's Darwin-Claw cycle of ``arm``'s bank on its collected episodes, validated
-    with ``arm``'s policy as it stands now (after the day's update, for ``both``)."""
+    with ``arm``'s policy as it stands now (after the day's update, for ``both``: the
+    trainer's own cycle, :meth:`~digirl_lite.train.claw.ClawLoop.cycle`)."""
     from digirl_lite.harness.claw import FleetRunner, ScriptedTriage, traces_from_episodes
     from digirl_lite.harness.claw.run import cycle_record
 
+    if arm.trainer is not None and arm.trainer.claw is not None:
+        rec = arm.trainer.claw.cycle(eps, fleet, salt=salt, iteration=arm.updates)
+        return {k: v for k, v in rec.items() if k != "iteration"}
     traces = traces_from_episodes(eps)
     runner = FleetRunner(fleet, arm.policy_agent, id_prefix=f"val-{arm.name}-d{day}",
                          crn_salt=salt)

@@ -43,9 +43,9 @@ from digirl_lite.harness.rules import (
 from digirl_lite.rollout.episode import SampledAction
 
 __all__ = ["Harness", "Edit", "EditError", "HarnessAgent", "StepAgent", "AgentInput",
-           "PolicyAgent", "H0_COMPONENTS", "COMPONENTS", "EDIT_TARGETS", "AGENT_COMPONENTS",
-           "repair_action", "candidate_id", "check_components", "check_readable",
-           "decision_shares"]
+           "PolicyAgent", "BatchStepAgent", "H0_COMPONENTS", "COMPONENTS", "EDIT_TARGETS",
+           "AGENT_COMPONENTS", "repair_action", "candidate_id", "check_components",
+           "check_readable", "decision_shares"]
 
 COMPONENTS = ("system_prompt", "psi", "xi", "skills")
 DEFAULT_SYSTEM_PROMPT = (
@@ -280,6 +280,8 @@ class AgentInput:
     """The last ``psi.history`` actions, oldest first."""
     tree: str | None
     """The UI tree as text (``psi.tree`` on and the environment reads it), else None."""
+    slot: int = 0
+    """The fleet's phone slot the observation came from (an agent's per-episode memory)."""
 
 
 class StepAgent(Protocol):
@@ -351,6 +353,24 @@ class PolicyAgent:
 
     def retry(self, inputs: Sequence[AgentInput]) -> list[str]:
         return self._act(self.masked, inputs, 1)
+
+
+class BatchStepAgent:
+    """A fleet's batch agent (``act_batch(slots, observations)``: a training run's
+    :class:`~digirl_lite.train.collection.PolicyBatchAgent`) as a harness's agent: each
+    step goes to it with its phone's slot, so what it keeps per episode (the texts typed,
+    ``typed_span_once``) stays with the right phone, and around an empty harness it acts as
+    it does alone. It reads neither prompt nor psi; ``retry`` samples again."""
+
+    reads: frozenset[str] = frozenset()
+
+    def __init__(self, agent: Any) -> None:
+        self.agent = agent
+
+    def propose(self, inputs: Sequence[AgentInput]) -> list[str]:
+        return self.agent.act_batch([i.slot for i in inputs], [i.obs for i in inputs])
+
+    retry = propose
 
 
 # ---------------------------------------------------------------------------------------
@@ -488,7 +508,7 @@ class HarnessAgent:
             else:
                 to_agent.append(i)
         if to_agent:
-            inputs = [self._input(mems[i], observations[i]) for i in to_agent]
+            inputs = [self._input(mems[i], observations[i], slots[i]) for i in to_agent]
             raw = self.agent.propose(inputs)
             retry: list[int] = []
             for j, i in enumerate(to_agent):
@@ -514,14 +534,14 @@ class HarnessAgent:
             m.unparseable = not parse_action(str(a)).is_valid
         return list(out)  # type: ignore[arg-type]
 
-    def _input(self, m: _SlotMemory, obs: Observation) -> AgentInput:
+    def _input(self, m: _SlotMemory, obs: Observation, slot: int = 0) -> AgentInput:
         from digirl_lite.envs.uitree import tree_text
 
         h = int(self.psi["history"])
         tree = (tree_text(obs.ui_tree, int(self.psi["max_nodes"]))
                 if self.psi["tree"] and obs.ui_tree is not None else None)
         return AgentInput(obs=obs, system_prompt=self.components["system_prompt"],
-                          history=tuple(m.actions[-h:]) if h else (), tree=tree)
+                          history=tuple(m.actions[-h:]) if h else (), tree=tree, slot=slot)
 
     def _project(self, text: str, obs: Observation, allow_retry: bool = True
                  ) -> tuple[str | None, str]:

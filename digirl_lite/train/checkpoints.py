@@ -130,6 +130,8 @@ class RunFolder:
                  "buffer": self.buffer.state_dict(), "rngs": rngs,
                  "curve": self.curve, "summary": redact(self.summary), "timings": self.timings}
         (tmp / "state.json").write_text(json.dumps(state, default=float))
+        if self.claw is not None:  # the experience bank (``claw``)
+            self.claw.save(tmp)
         self._save_fleet_stats()
         fsync_tree(tmp)
         final = root / name
@@ -209,6 +211,8 @@ class RunFolder:
         self.actor_opt = self._actor_optimizer()
         self.actor_opt.load_state_dict(tensors["actor_opt"])
         self.learner.load_state_dict(tensors.get("learner", {}))
+        if self.claw is not None:
+            self.claw.load(d)  # a checkpoint from before its first cycle holds none
         rngs, torch_rngs = state.get("rngs"), tensors["torch_rng"]
         if isinstance(torch_rngs, torch.Tensor):  # checkpoints of one process, before rngs
             torch_rngs = [torch_rngs]

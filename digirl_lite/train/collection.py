@@ -222,6 +222,13 @@ class Collection:
         k = self.iteration if iteration is None else iteration
         return self.world_info.day(self.cfg.day, self.cfg.days_per_iteration, k)
 
+    def _reset_kw(self, iteration: int | None = None) -> dict[str, Any]:
+        """``collect``'s options for the phone's drift day after ``iteration`` online
+        iterations (``reset_options``; {} on a world that does not drift)."""
+        if self.cfg.day != 1 or self.cfg.days_per_iteration:  # drift (env "sim" only)
+            return {"reset_options": self.world_info.reset_options(self.phone_day(iteration))}
+        return {}
+
     def _collect(self, stage: str, agent: PolicyBatchAgent, tasks: Sequence[Any],
                  screens: ScreenTable, *, id_prefix: str, seed: int = 0, fleet: Any = None,
                  **kw: Any):
@@ -238,9 +245,7 @@ class Collection:
         A background collection (``learner="async"``) is stopped first (the fleet collects
         one thing at a time); the next take starts it again."""
         self._stop_collecting()
-        if self.cfg.day != 1 or self.cfg.days_per_iteration:  # drift (env "sim" only)
-            kw["reset_options"] = self.world_info.reset_options(
-                self.phone_day(kw.get("iteration")))
+        kw.update(self._reset_kw(kw.get("iteration")))
         a = self.rank * len(tasks) // self.world_size
         b = (self.rank + 1) * len(tasks) // self.world_size
         stopped: dict[str, Any] | None = None

@@ -138,6 +138,10 @@ class Trainer(StartingPolicyAndPile, Collection, AsyncCollection, RunFolder, Run
             raise ConfigError(f"algorithm: {cfg.algorithm!r} runs in one process for now "
                               f"(this launch has {self.world_size}); use accelerate launch "
                               f"with one of {parallel}")
+        if self.world_size > 1 and cfg.claw:
+            # one bank per process would drift apart: each validates on its own episodes
+            raise ConfigError(f"claw: the experience bank runs in one process for now (this "
+                              f"launch has {self.world_size})")
         if self.world_size > 1 and cfg.learner == "async":
             # one background collection per process would need its takes exchanged in step
             raise ConfigError(f"learner: 'async' runs in one process for now (this launch "
@@ -193,6 +197,12 @@ class Trainer(StartingPolicyAndPile, Collection, AsyncCollection, RunFolder, Run
         self.summary: dict[str, Any] = {"config": redact(cfg.as_dict()), "stages": {},
                                         "unjudged_steps": {}}
         self.curve: list[tuple[int, float]] = []
+        # Darwin-Claw around the learning policy (``claw``): its units act before the policy
+        self.claw = None
+        if cfg.claw:
+            from digirl_lite.train.claw import ClawLoop
+
+            self.claw = ClawLoop(self)
         self._fleet = None
         self._eval_fleet = None  # eval_judge's phones (None: the evaluations use fleet())
         self._fleet_before: dict[str, Any] = {}  # what the fleets of earlier attempts survived
@@ -306,6 +316,9 @@ class Trainer(StartingPolicyAndPile, Collection, AsyncCollection, RunFolder, Run
             self._once("eval:offline", self.evaluate, "offline")
         # the online iterations: the first of a resumed run takes what it had stored
         pending = self._stored_online(self.iteration + 1)
+        if pending and self.claw is not None:
+            self.claw.skipped(self.iteration + 1, "resumed from the trajectories stored "
+                              "before a crash, without their screens' UI trees")
         if iterations:
             self.say(f"online phase: {iterations} iterations of "
                      f"{c.rollouts_per_iteration * self.world_size} trajectories")
@@ -325,6 +338,8 @@ class Trainer(StartingPolicyAndPile, Collection, AsyncCollection, RunFolder, Run
         bar.close()
         if online and "online" not in self.summary["stages"]:
             self.evaluate("online")
+        if self.claw is not None:
+            self.summary["claw"] = {"active": self.claw.active()}
         self.summary.update(self._totals(t0))
         self.save_checkpoint()
         if self.is_main:
@@ -367,6 +382,7 @@ class Trainer(StartingPolicyAndPile, Collection, AsyncCollection, RunFolder, Run
         before = dict(self.timings)
         staleness: dict[str, Any] = {}
         mechanism: dict[str, Any] = {}  # recoveries in the successes (issue 47), sync only
+        episodes = None  # the fleet's episodes, when this iteration collects them here
         if collected is None and c.learner == "async":
             collected, staleness = self.take_online(k)
         elif collected is None:
@@ -377,10 +393,13 @@ class Trainer(StartingPolicyAndPile, Collection, AsyncCollection, RunFolder, Run
                 if self.is_main else None)
             self.fleet().policy_version = k - 1  # the weights after k - 1 iterations
             agent = self.agent()
+            seed = c.seed * 1_000_003 + 100_000 * k
+            # with ``claw``, the bank's active units act before the policy
+            acting = self.claw.agent(agent) if self.claw is not None else agent
             episodes = self.timed("collect", lambda: self._collect(
-                f"online iteration {k}", agent, [tasks[i] for i in idx], self.screens,
+                f"online iteration {k}", acting, [tasks[i] for i in idx], self.screens,
                 id_prefix=f"online-s{c.seed}-it{k:04d}", source=Source.ONLINE, iteration=k,
-                seed=c.seed * 1_000_003 + 100_000 * k))
+                seed=seed))
             collected = [e.trajectory for e in episodes]
             mechanism = recovery_stats(episodes)
             self.timings["inference"] = self.timings.get("inference", 0.0) + agent.seconds
@@ -390,6 +409,15 @@ class Trainer(StartingPolicyAndPile, Collection, AsyncCollection, RunFolder, Run
         self._bound_memory()
         self.online_trajectories += len(collected)
         update = self.learner.update(collected)
+        if self.claw is not None and episodes is not None:
+            # the cycle on this iteration's episodes, validated with the updated policy
+            # on the same phones (the drift day's, where the phone drifts)
+            self.timed("claw", lambda: self.claw.cycle(
+                episodes, self.fleet(), salt=seed, iteration=k,
+                collect_kwargs=self._reset_kw(k)))
+            update["unit_steps"] = round(float(np.mean(
+                [(s.decided_by or "").startswith("rule:") for t in collected
+                 for s in t.steps] or [0.0])), 4)
         if c.learner == "async":
             self._publish(k)
             if not staleness:  # resumed with what was stored before a crash
@@ -400,6 +428,8 @@ class Trainer(StartingPolicyAndPile, Collection, AsyncCollection, RunFolder, Run
         split = {name: round(self.timings.get(name, 0.0) - before.get(name, 0.0), 3)
                  for name in ITERATION_PHASES}
         split["environments"] = round(split["collect"] - split["inference"], 3)
+        if self.claw is not None:  # the bank's cycle: triage and causal validation
+            split["claw"] = round(self.timings.get("claw", 0.0) - before.get("claw", 0.0), 3)
         self.log(stage="online", iteration=k, online_trajectories=self.online_trajectories,
                  collect_success=round(wins, 4), **mechanism, **update,
                  **staleness, seconds=round(time.perf_counter() - t_iter, 2),
@@ -429,6 +459,14 @@ class Trainer(StartingPolicyAndPile, Collection, AsyncCollection, RunFolder, Run
         report = self._evaluation(stage, self._test_tasks(), self.cfg.eval_tasks)
         report["day"] = self.phone_day()  # the simulated phone's drift day (1: none)
         self._log_evaluation(stage, report)
+        if (self.claw is not None and stage in SPLIT_STAGES and self.claw.rules().strip()):
+            # the policy without its units, on the same seeds and stream: what the units
+            # add at evaluation, apart from what they added to the collected data
+            off = self._evaluation(f"{stage}:units_off", self._test_tasks(),
+                                   self.cfg.eval_tasks, units=False, stream=stage)
+            off["day"] = report["day"]
+            self._log_evaluation(f"{stage}:units_off", off)
+            report["units_off"] = off
         if self.phones.splits and (splits or (splits is None and stage in SPLIT_STAGES)):
             report["splits"] = {}
             for name, tasks in self.phones.splits.items():
@@ -453,20 +491,30 @@ class Trainer(StartingPolicyAndPile, Collection, AsyncCollection, RunFolder, Run
                          + ("stage's" if name == stage else "split's"))
         return report
 
-    def _evaluation(self, name: str, tasks: Sequence[Any], n_tasks: int) -> dict[str, Any]:
+    def _evaluation(self, name: str, tasks: Sequence[Any], n_tasks: int, units: bool = True,
+                    stream: str | None = None) -> dict[str, Any]:
         """One evaluation of the first ``n_tasks`` of ``tasks`` as ``name`` (a stage, or
-        ``<stage>:<split>``): its random stream from ``eval:<name>``, its episodes
-        ``eval-<name>-NNNNN``, all of them stored in ``eval/<name>/`` (":" as "-")."""
+        ``<stage>:<split>``): its random stream from ``eval:<stream or name>``, its episodes
+        ``eval-<name>-NNNNN``, all of them stored in ``eval/<name>/`` (":" as "-").
+        ``units``: with ``claw``, the bank's active units act before the policy (False: the
+        policy alone); the report then says who decided the steps (``decided``)."""
+        from digirl_lite.harness.harness import decision_shares
+
         screens = ScreenTable(self.img_dim)
         dev = self.accelerator.device
+        agent = self.agent(screens)
+        if units and self.claw is not None:
+            agent = self.claw.agent(agent)
         with torch.random.fork_rng(devices=[dev] if dev.type == "cuda" else []):
             torch.manual_seed(self.cfg.seed + 7919 * self.rank
-                              + zlib.crc32(f"eval:{name}".encode()))
+                              + zlib.crc32(f"eval:{stream or name}".encode()))
             report, episodes = self.timed("evaluate", lambda: evaluate(
-                _StageFleet(self, f"eval:{name}"), self.agent(screens), tasks,
+                _StageFleet(self, f"eval:{name}"), agent, tasks,
                 n_tasks=n_tasks, seed=10_000 + self.cfg.seed,
                 id_prefix=f"eval-{name.replace(':', '-')}", screens=screens,
                 min_judged_share=self.cfg.min_judged_share))
+        if self.claw is not None:
+            report["decided"] = decision_shares([e.trajectory for e in episodes])
         if self.is_main:  # every evaluation trajectory, for replay and the report
             self.features.fill(screens)
             ev = self.out / "eval" / name.replace(":", "-")

@@ -17,7 +17,7 @@ from digirl_lite.train.config import DigiRLConfig, sim_quick
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "digirl_lite" / "train" / "config"
-GROUPS = ("run", "fleet", "policy", "sft", "simulator", "evaluation", "learning")
+GROUPS = ("run", "fleet", "policy", "sft", "simulator", "evaluation", "learning", "claw")
 #: the sections that live with their learners (module, dataclass)
 LEARNER_SECTIONS = (("digirl_lite.learners.ppo", "OnPolicyConfig"),)
 

@@ -100,7 +100,6 @@ class ClawRunConfig(RunFields):
 
     def check(self) -> None:
         """Every field that cannot work, before anything runs (ConfigError naming it)."""
-        from digirl_lite.harness.claw import ClawConfig
         from digirl_lite.harness.frozen import check_frozen_setting
 
         def bad(name: str, why: str) -> None:
@@ -112,24 +111,7 @@ class ClawRunConfig(RunFields):
         if not isinstance(self.constrained_decoding, bool):
             bad("constrained_decoding", f"must be true or false, got "
                 f"{self.constrained_decoding!r}")
-        if self.triage not in TRIAGE_KINDS:
-            bad("triage", f"{self.triage!r} is not one of {TRIAGE_KINDS}")
-        if self.triage == "llm":
-            if not self.triage_backend:
-                bad("triage_backend", "the LLM triage needs a backend ({\"backend\": "
-                    "\"gemini\" | \"openai\", ...})")
-            from digirl_lite.judge.backends import make_backend
-
-            try:
-                make_backend(dict(self.triage_backend))
-            except ValueError as e:
-                bad("triage_backend", str(e))
-        if not isinstance(self.claw, dict):
-            bad("claw", f"must be a dict of ClawConfig fields, got {self.claw!r}")
-        try:
-            ClawConfig.from_dict(self.claw)
-        except (TypeError, ValueError) as e:
-            bad("claw", str(e))
+        check_claw_fields(self.claw, self.triage, self.triage_backend)
         for name in ("cycles", "train_tasks", "eval_tasks", "eval_split_tasks", "n_envs"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
@@ -160,13 +142,44 @@ def run_claw(cfg: ClawRunConfig, out: str | Path, resume: bool = False,
         return _run(cfg, folder, resume, log)
 
 
-def _triage(cfg: ClawRunConfig) -> Any:
-    from digirl_lite.harness.claw import LLMTriage, ScriptedTriage
+def check_claw_fields(options: Any, triage: str, backend: Any,
+                      names: tuple[str, str, str] = ("claw", "triage", "triage_backend")
+                      ) -> None:
+    """A bank's settings (``options``: :class:`~digirl_lite.harness.claw.ClawConfig`
+    fields), the triage kind and its LLM backend, each refused with a ConfigError naming its
+    field (``names``: the three fields as the caller's config calls them)."""
+    from digirl_lite.harness.claw import ClawConfig
 
-    if cfg.triage == "llm":
+    opt_name, triage_name, backend_name = names
+    if triage not in TRIAGE_KINDS:
+        raise ConfigError(f"{triage_name}: {triage!r} is not one of {TRIAGE_KINDS}")
+    if triage == "llm":
+        if not backend:
+            raise ConfigError(f"{backend_name}: the LLM triage needs a backend "
+                              "({\"backend\": \"gemini\" | \"openai\", ...})")
         from digirl_lite.judge.backends import make_backend
 
-        return LLMTriage(make_backend(dict(cfg.triage_backend)))
+        try:
+            make_backend(dict(backend))
+        except ValueError as e:
+            raise ConfigError(f"{backend_name}: {e}") from None
+    if not isinstance(options, dict):
+        raise ConfigError(f"{opt_name}: must be a dict of ClawConfig fields, got {options!r}")
+    try:
+        ClawConfig.from_dict(options)
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"{opt_name}: {e}") from None
+
+
+def make_triage(triage: str, backend: Any = None) -> Any:
+    """The triage a config names: :class:`~digirl_lite.harness.claw.ScriptedTriage`, or
+    :class:`~digirl_lite.harness.claw.LLMTriage` on ``backend``."""
+    from digirl_lite.harness.claw import LLMTriage, ScriptedTriage
+
+    if triage == "llm":
+        from digirl_lite.judge.backends import make_backend
+
+        return LLMTriage(make_backend(dict(backend)))
     return ScriptedTriage()
 
 
@@ -266,7 +279,7 @@ def _run(cfg: ClawRunConfig, out: Path, resume: bool, log: Any) -> dict[str, Any
     (out / "checkpoints" / "latest").write_text("summary.partial.json\n")
     try:
         stage("frozen", "")
-        triage = _triage(cfg)
+        triage = make_triage(cfg.triage, cfg.triage_backend)
         for c in range(len(summary["cycles"]) + 1, cfg.cycles + 1):
             seed = 50_000 + 10_000 * cfg.seed + 100 * c
             rules = skill_rules(bank)

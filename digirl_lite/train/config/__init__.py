@@ -11,7 +11,8 @@ checks:
 - :mod:`.simulator`: the simulated phone (phrasings, drift, surprises, layout, faults);
 - :mod:`.evaluation`: what is evaluated when, by which judge;
 - :mod:`.learning`: the critics, the filters and the actor;
-- :mod:`.on_policy`: PPO and GRPO.
+- :mod:`.on_policy`: PPO and GRPO;
+- :mod:`.claw`: Darwin-Claw around the learning policy.
 
 :mod:`.core` composes them; :mod:`.presets` holds the presets and config files. A field's
 default is its paper's, released code's or this project's value, presets only override;

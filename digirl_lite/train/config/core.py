@@ -12,7 +12,17 @@ from typing import Any
 from digirl_lite.errors import ConfigError
 from digirl_lite.learners import learner_class, learner_names
 from digirl_lite.learners.ppo import OnPolicyConfig
-from digirl_lite.train.config import evaluation, fleet, learning, policy, run, sft, simulator
+from digirl_lite.train.config import (
+    claw,
+    evaluation,
+    fleet,
+    learning,
+    policy,
+    run,
+    sft,
+    simulator,
+)
+from digirl_lite.train.config.claw import ClawLoopConfig
 from digirl_lite.train.config.evaluation import EVAL_ONLY, EvaluationConfig
 from digirl_lite.train.config.fleet import FleetConfig
 from digirl_lite.train.config.learning import LearningConfig
@@ -60,15 +70,17 @@ def effective_fields(d: dict[str, Any]) -> dict[str, Any]:
 
 # A dataclass takes its bases' fields last base first: the run's fields come first.
 @dataclass
-class DigiRLConfig(OnPolicyConfig, LearningConfig, EvaluationConfig, SimulatorConfig,
-                   StartingPolicyConfig, PolicyConfig, FleetConfig, RunConfig):
+class DigiRLConfig(ClawLoopConfig, OnPolicyConfig, LearningConfig, EvaluationConfig,
+                   SimulatorConfig, StartingPolicyConfig, PolicyConfig, FleetConfig,
+                   RunConfig):
     """A DigiRL (or Filtered BC, AWR, PPO, GRPO) run: every field of
     :class:`~.run.RunConfig` (the run), :class:`~.fleet.FleetConfig` (phones and fleet),
     :class:`~.policy.PolicyConfig` (the policy), :class:`~.sft.StartingPolicyConfig` (the
     starting policy), :class:`~.simulator.SimulatorConfig` (the simulated phone),
     :class:`~.evaluation.EvaluationConfig` (evaluations), :class:`~.learning.LearningConfig`
-    (critics, filters, actor) and PPO's and GRPO's section, which lives with them
-    (:class:`digirl_lite.learners.ppo.OnPolicyConfig`). A learner's settings of its own
+    (critics, filters, actor), PPO's and GRPO's section, which lives with them
+    (:class:`digirl_lite.learners.ppo.OnPolicyConfig`), and :class:`~.claw.ClawLoopConfig`
+    (Darwin-Claw around the learning policy). A learner's settings of its own
     (fields no other learner has) go in ``learner_options`` (:attr:`Learner.Options`)."""
 
     def resolved(self, name: str) -> Any:
@@ -96,6 +108,7 @@ class DigiRLConfig(OnPolicyConfig, LearningConfig, EvaluationConfig, SimulatorCo
         sft.check(self)
         evaluation.check(self)
         simulator.check(self)
+        claw.check(self)
 
     def as_dict(self) -> dict[str, Any]:
         """The fields as JSON has them (``eval_splits`` a list), so a config compares equal
