@@ -98,10 +98,10 @@ def default_processes(cfg, args: argparse.Namespace) -> int:
     ``--quick``: its minute would go to starting the group) of the simulated phone on a CPU
     machine with at least 2 CPUs, when the config divides (:func:`per_process`); 1 where
     the caller chose the threads (``OMP_NUM_THREADS`` set, as the grid runner does for each
-    of its jobs), inside a launched group, on a GPU, or on real devices."""
+    of its jobs), inside a launched group, on a GPU, on real devices, or with ``claw``."""
     if (getattr(args, "quick", False) or "WORLD_SIZE" in os.environ
             or os.environ.get("OMP_NUM_THREADS") or cfg.device != "cpu" or cfg.env != "sim"
-            or cfg.learner != "sync"):
+            or cfg.learner != "sync" or cfg.claw):  # one experience bank: one process
         return 1
     if usable_cpus() < 2:
         return 1

@@ -257,6 +257,7 @@ def test_processes_by_default_where_two_measured_faster(monkeypatch):
     assert default_processes(cfg, quick) == 1
     assert default_processes(sim_webshop(n_envs=15, rollouts_per_iteration=15), full) == 1
     assert default_processes(sim_webshop(learner="async", fleet="async"), full) == 1
+    assert default_processes(sim_webshop(claw=True, ui_tree=True), full) == 1  # one bank
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0})
     assert default_processes(cfg, full) == 1
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
