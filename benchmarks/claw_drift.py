@@ -110,7 +110,7 @@ class Arm:
         from digirl_lite.harness.claw import ClawConfig, ExperienceBank
 
         self.name, self.setup = name, setup
-        self.bank = ExperienceBank(ClawConfig()) if name == "claw" else None
+        self._bank = ExperienceBank(ClawConfig()) if name == "claw" else None
         self.trainer = None
         if name in ("digirl", "both"):
             from digirl_lite.train.config import sim_webshop
@@ -127,11 +127,16 @@ class Arm:
                               eval_every=0, **both)
             self.trainer = Trainer(cfg, work / f"{name}-seed{seed}", cache_dir=None,
                                    progress=False)
-            if self.trainer.claw is not None:
-                self.bank = self.trainer.claw.bank
         self.policy = self.trainer.policy if self.trainer else setup.policy
         self.features = self.trainer.features if self.trainer else setup.features
         self.updates = 0
+
+    @property
+    def bank(self) -> Any:
+        """The arm's experience bank: its own (``claw``) or its trainer's (``both``)."""
+        if self.trainer is not None and self.trainer.claw is not None:
+            return self.trainer.claw.bank
+        return self._bank
 
     def rules(self) -> str:
         from digirl_lite.harness.claw import skill_rules

@@ -360,7 +360,8 @@ class BatchStepAgent:
     :class:`~digirl_lite.train.collection.PolicyBatchAgent`) as a harness's agent: each
     step goes to it with its phone's slot, so what it keeps per episode (the texts typed,
     ``typed_span_once``) stays with the right phone, and around an empty harness it acts as
-    it does alone. It reads neither prompt nor psi; ``retry`` samples again."""
+    it does alone. It sees only the steps it decides (a text a rule typed is not in its
+    memory). It reads neither prompt nor psi; ``retry`` samples again."""
 
     reads: frozenset[str] = frozenset()
 

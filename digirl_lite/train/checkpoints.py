@@ -130,7 +130,7 @@ class RunFolder:
                  "buffer": self.buffer.state_dict(), "rngs": rngs,
                  "curve": self.curve, "summary": redact(self.summary), "timings": self.timings}
         (tmp / "state.json").write_text(json.dumps(state, default=float))
-        if self.claw is not None:  # the experience bank (``claw``)
+        if self.claw is not None:  # the experience bank (``claw``), and claw/ to match
             self.claw.save(tmp)
         self._save_fleet_stats()
         fsync_tree(tmp)

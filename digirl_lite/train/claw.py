@@ -13,15 +13,20 @@ A step a unit decided is marked ``decided_by="rule:eu:<id>"`` in the store, and 
 learner trains on it like any collected step (DigiRL, Filtered BC and AWR imitate it if
 the filters keep it; PPO and GRPO skip it: it has no behaviour log-probabilities).
 
-With an empty bank the agent is the policy alone, so a run with ``claw`` is the same run
-without it until a unit is promoted. At the stage ends (copier, offline, online) an
-evaluation with active units also evaluates the policy without them (``units_off``, on
-the same seeds): what the units add at evaluation, apart from what they added to the data.
+With an empty bank the agent is the policy alone, so a run with ``claw`` collects and
+evaluates as the run without it until triage admits a unit (validation episodes then run on
+the run's own phones, so its fleet statistics and phone resets differ from there on). At
+the stage ends (copier, offline, online) an evaluation with active units also evaluates the
+policy without them (``units_off``, on the same seeds): what the units add at evaluation,
+apart from what they added to the data.
 
-The run folder gets ``claw/bank.json`` and ``claw/skills/<skill>/SKILL.md`` after every
-cycle, a ``claw`` line per cycle in ``metrics.jsonl``, and the bank in every checkpoint
-(a resumed run goes on with it). An iteration resumed from trajectories stored before a
-crash has no episodes (no UI trees) to triage: its cycle is skipped, and a line says so.
+The bank goes into every checkpoint, and ``claw/bank.json`` and
+``claw/skills/<skill>/SKILL.md`` are written with it, so they always hold the checkpoint's
+bank; each cycle adds a ``claw`` line to ``metrics.jsonl``. A run resumes with the
+checkpoint's bank. An iteration resumed from trajectories stored before a crash has no
+episodes (no UI trees) to triage: its cycle is skipped and a line says so (a cycle that
+finished before the crash but after the last checkpoint is not kept: its line stays in
+``metrics.jsonl``, the bank is the checkpoint's).
 """
 
 from __future__ import annotations
@@ -81,9 +86,9 @@ class ClawLoop:
               collect_kwargs: dict[str, Any] | None = None) -> dict[str, Any]:
         """One cycle on ``episodes`` (a fleet's, with their UI trees), validated on
         ``fleet`` (``collect_kwargs``: its ``collect`` options, e.g. the drift day's
-        ``reset_options``) with CRN ``salt``; writes the bank's files and the run's
-        ``claw`` line; returns the cycle's record."""
-        from digirl_lite.harness.claw import FleetRunner, traces_from_episodes, write_skill_md
+        ``reset_options``) with CRN ``salt``; writes the run's ``claw`` line (the bank's
+        files follow with the next checkpoint, :meth:`save`); returns the cycle's record."""
+        from digirl_lite.harness.claw import FleetRunner, traces_from_episodes
         from digirl_lite.harness.claw.run import cycle_record
 
         traces = traces_from_episodes(episodes)
@@ -92,10 +97,6 @@ class ClawLoop:
                              collect_kwargs=collect_kwargs)
         rep = self.bank.cycle(traces, runner, [(t.task, t.seed) for t in traces], self.triage)
         rec = {"iteration": iteration, **cycle_record(rep, traces, self.bank, runner)}
-        if self.trainer.is_main:
-            self.folder.mkdir(parents=True, exist_ok=True)
-            self.bank.save(self.folder / "bank.json")
-            write_skill_md(self.bank, self.folder / "skills")
         self.trainer.log(stage="claw", **{k: rec[k] for k in (
             "iteration", "collected", "collected_successes", "admitted", "promoted",
             "evicted", "runner_episodes")}, active=[u["id"] for u in rec["active_after"]],
@@ -107,17 +108,25 @@ class ClawLoop:
         self.trainer.log(stage="claw", iteration=iteration, cycle=None, why=why)
 
     def save(self, folder: Path) -> None:
-        """The bank into a checkpoint folder."""
+        """The bank into a checkpoint folder, and the run's ``claw/`` files (``bank.json``,
+        the ``SKILL.md`` of each skill) to match it."""
+        from digirl_lite.harness.claw import write_skill_md
+
         self.bank.save(Path(folder) / BANK_FILE)
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self.bank.save(self.folder / "bank.json")
+        write_skill_md(self.bank, self.folder / "skills")
 
     def load(self, folder: Path) -> bool:
-        """The bank from a checkpoint folder; False when it holds none."""
-        from digirl_lite.harness.claw import ExperienceBank
+        """The bank from a checkpoint folder, under the run's ``claw_options`` (a resume with
+        ``allow_config_change`` may change them); False when it holds none."""
+        from digirl_lite.harness.claw import ClawConfig, ExperienceBank
 
         f = Path(folder) / BANK_FILE
         if not f.is_file():
             return False
         self.bank = ExperienceBank.load(f)
+        self.bank.config = ClawConfig.from_dict(self.trainer.cfg.claw_options)
         return True
 
     def active(self) -> list[dict[str, Any]]:

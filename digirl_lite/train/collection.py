@@ -53,19 +53,22 @@ class PolicyBatchAgent:
         self.temperature, self.max_new_tokens = temperature, max_new_tokens
         self.constrained, self.copy_text = constrained, copy_text
         self.copy_once = bool(copy_once)
-        self._typed: dict[Any, tuple[str, list[str]]] = {}  # slot -> (task, texts typed)
+        # slot -> (task, last step seen, texts typed)
+        self._typed: dict[Any, tuple[str, int, list[str]]] = {}
         self.seconds = 0.0  # time spent in act_batch (features + sampling): "inference"
         self.calls = 0
 
     def typed_before(self, slots: Sequence[Any],
                      observations: Sequence[Observation]) -> list[list[str]]:
-        """Each slot's texts typed so far in its current episode (reset at a new one)."""
+        """Each slot's texts typed so far in its current episode (reset at a new one: step
+        0, a step before the last one seen on the slot, or another task; so also where a
+        harness around the agent decided the new episode's first steps)."""
         out = []
         for slot, o in zip(slots, observations):
-            task, texts = self._typed.get(slot, (None, []))
-            if o.step == 0 or task != o.task:
+            task, last, texts = self._typed.get(slot, (None, -1, []))
+            if o.step == 0 or o.step < last or task != o.task:
                 texts = []
-                self._typed[slot] = (o.task, texts)
+            self._typed[slot] = (o.task, o.step, texts)
             out.append(list(texts))
         return out
 
@@ -75,7 +78,7 @@ class PolicyBatchAgent:
         for slot, text in zip(slots, texts):
             a = parse_action(text)
             if a.action_type == ActionType.TYPE and slot in self._typed:
-                self._typed[slot][1].append(a.typed_text)
+                self._typed[slot][2].append(a.typed_text)
 
     def features_of(self, screen_ids: Sequence[str]) -> np.ndarray:
         # a screen whose features are cached is not read again (it may be on disk by now)

@@ -316,7 +316,7 @@ class Trainer(StartingPolicyAndPile, Collection, AsyncCollection, RunFolder, Run
             self._once("eval:offline", self.evaluate, "offline")
         # the online iterations: the first of a resumed run takes what it had stored
         pending = self._stored_online(self.iteration + 1)
-        if pending and self.claw is not None:
+        if pending and self.claw is not None and self.iteration < iterations:
             self.claw.skipped(self.iteration + 1, "resumed from the trajectories stored "
                               "before a crash, without their screens' UI trees")
         if iterations:
@@ -502,14 +502,11 @@ class Trainer(StartingPolicyAndPile, Collection, AsyncCollection, RunFolder, Run
 
         screens = ScreenTable(self.img_dim)
         dev = self.accelerator.device
-        agent = self.agent(screens)
-        if units and self.claw is not None:
-            agent = self.claw.agent(agent)
         with torch.random.fork_rng(devices=[dev] if dev.type == "cuda" else []):
             torch.manual_seed(self.cfg.seed + 7919 * self.rank
                               + zlib.crc32(f"eval:{stream or name}".encode()))
             report, episodes = self.timed("evaluate", lambda: evaluate(
-                _StageFleet(self, f"eval:{name}"), agent, tasks,
+                _StageFleet(self, f"eval:{name}"), self._eval_agent(screens, units), tasks,
                 n_tasks=n_tasks, seed=10_000 + self.cfg.seed,
                 id_prefix=f"eval-{name.replace(':', '-')}", screens=screens,
                 min_judged_share=self.cfg.min_judged_share))
@@ -523,6 +520,12 @@ class Trainer(StartingPolicyAndPile, Collection, AsyncCollection, RunFolder, Run
             TrajectoryStore.create(ev, screens.feature_dim).append(
                 [e.trajectory for e in episodes], screens)
         return report
+
+    def _eval_agent(self, screens: ScreenTable, units: bool = True) -> Any:
+        """The evaluations' agent: the run's sampling agent, with ``claw`` and ``units`` the
+        bank's active units acting first."""
+        agent = self.agent(screens)
+        return self.claw.agent(agent) if units and self.claw is not None else agent
 
     def _log_evaluation(self, name: str, report: dict[str, Any]) -> None:
         """The evaluation's line in metrics.jsonl, ``stage`` ``eval:<name>``."""

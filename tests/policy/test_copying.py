@@ -366,3 +366,22 @@ def test_the_agent_keeps_each_episodes_typed_texts(shipped):
             typed[s].append(t)
     assert repeats == 0
     assert again >= 2  # the new episode forgot the last one's texts
+
+
+def test_typed_memory_resets_at_a_new_episode_whose_first_steps_it_did_not_see():
+    """A harness around the agent (Darwin-Claw's units) may decide an episode's first steps:
+    the per-slot memory of typed texts still starts afresh for the new episode."""
+    from digirl_lite.envs.base import Observation
+    from digirl_lite.train.collection import PolicyBatchAgent
+
+    agent = PolicyBatchAgent(None, None, None, copy_text=True, copy_once=True)
+
+    def obs(step: int, task: str = "buy a usb cable") -> Observation:
+        return Observation(screenshot=None, prompt="", task=task, step=step)
+
+    assert agent.typed_before([0], [obs(0)]) == [[]]
+    agent._record_typed([0], [format_action(Action(ActionType.TYPE, typed_text="usb"))])
+    assert agent.typed_before([0], [obs(1)]) == [["usb"]]  # the same episode
+    assert agent.typed_before([0], [obs(3)]) == [["usb"]]
+    # the next episode of the same task, its step 0 decided around the agent
+    assert agent.typed_before([0], [obs(1)]) == [[]]
