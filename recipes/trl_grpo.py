@@ -33,6 +33,9 @@ and measures again, and prints both in the main job's table (stages ``sft`` and 
 An episode an infrastructure fault ended (server error, lost session) gets no reward: TRL
 leaves it out of its group (a start is retried once on a new connection); ``summary.json``
 counts them. A ``--model`` whose chat template cannot write tool calls is refused first.
+With ``--tiny --warmup`` the tiny model's tokenizer is also trained on the SFT chats' text,
+and ``--tiny-set`` changes its sizes (e.g. ``--tiny-set vocab_size=2048 hidden_size=128
+intermediate_size=512``).
 """
 
 from __future__ import annotations
@@ -80,7 +83,18 @@ def main(argv: list[str] | None = None) -> dict:
     w.add_argument("--sft-learning-rate", type=float, default=1e-3)
     w.add_argument("--eval-tasks", type=int, default=32, help="held-out test tasks evaluated")
     w.add_argument("--eval-envs", type=int, default=8, help="phones the evaluation runs at once")
+    w.add_argument("--tiny-set", nargs="*", default=[], metavar="SIZE=VALUE",
+                   help="--tiny model sizes to change (of make_tiny_chat_lm's TINY_LM: "
+                        "hidden_size, intermediate_size, num_hidden_layers, num_attention_heads, "
+                        "num_key_value_heads, vocab_size); with --warmup its tokenizer is also "
+                        "trained on the SFT chats' text")
     args = ap.parse_args(argv)
+    tiny_sizes = {}
+    for item in args.tiny_set:
+        key, sep, value = item.partition("=")
+        if not sep:
+            ap.error(f"--tiny-set {item!r}: expected SIZE=VALUE")
+        tiny_sizes[key] = json.loads(value)
 
     try:
         from trl import GRPOConfig, GRPOTrainer
@@ -100,8 +114,16 @@ def main(argv: list[str] | None = None) -> dict:
         from digirl_lite.envs.sim.demos import sim_corpus
         from digirl_lite.policy.tiny_vlm import make_tiny_chat_lm
 
-        model = str(make_tiny_chat_lm(out / "tiny_model", seed=args.seed,
-                                      corpus=sim_corpus(seed=args.seed, n_demos=20)))
+        corpus = sim_corpus(seed=args.seed, n_demos=20)
+        if args.warmup:  # the chats it will read and write: shorter sequences, same model
+            from digirl_lite.envs.sim.trl_warmup import chat_text
+
+            corpus += chat_text(_sft_data(args)[0])
+        try:
+            model = str(make_tiny_chat_lm(out / "tiny_model", seed=args.seed, corpus=corpus,
+                                          **tiny_sizes))
+        except ValueError as e:
+            ap.error(str(e))
     elif not Path(model).expanduser().is_dir():
         raise SystemExit(f"--model {model!r} is not a directory (nothing is downloaded: give a "
                          "local checkpoint)")
@@ -170,7 +192,7 @@ def main(argv: list[str] | None = None) -> dict:
             "world", "tasks", "seed", "max_steps", "batch", "num_generations",
             "max_completion_length", "max_tool_calls", "max_nodes", "learning_rate", "beta",
             "temperature", "warmup", "sft_episodes", "sft_steps", "sft_batch",
-            "sft_learning_rate", "eval_tasks")},
+            "sft_learning_rate", "eval_tasks", "tiny_set")},
         "omp_threads": os.environ.get("OMP_NUM_THREADS"),
     }
     if args.warmup:
@@ -194,10 +216,7 @@ def _sft(args: argparse.Namespace, model: str, tok, out: Path, phases: dict) -> 
     """SFT on the expert's tool calls; returns the trained model's directory."""
     from trl import SFTConfig, SFTTrainer
 
-    from digirl_lite.envs.sim.trl_warmup import expert_conversations
-
-    data, counts = expert_conversations(args.world, n=args.sft_episodes, seed=args.seed,
-                                        max_nodes=args.max_nodes)
+    data, counts = _sft_data(args)
     cfg = SFTConfig(
         output_dir=str(out / "sft_trl"), max_steps=args.sft_steps,
         per_device_train_batch_size=args.sft_batch, learning_rate=args.sft_learning_rate,
@@ -217,6 +236,20 @@ def _sft(args: argparse.Namespace, model: str, tok, out: Path, phases: dict) -> 
                      "loss": [{"step": r["step"], "loss": r["loss"]}
                               for r in trainer.state.log_history if "loss" in r]}
     return str(out / "sft")
+
+
+_SFT_DATA: dict[tuple, tuple] = {}
+
+
+def _sft_data(args: argparse.Namespace) -> tuple:
+    """The expert's chats and their counts (built once per run's settings)."""
+    from digirl_lite.envs.sim.trl_warmup import expert_conversations
+
+    key = (args.world, args.sft_episodes, args.seed, args.max_nodes)
+    if key not in _SFT_DATA:
+        _SFT_DATA[key] = expert_conversations(args.world, n=args.sft_episodes, seed=args.seed,
+                                              max_nodes=args.max_nodes)
+    return _SFT_DATA[key]
 
 
 def evaluate_tool_model(model, tok, world: str = "webshop", n_tasks: int = 32,

@@ -100,6 +100,68 @@ def test_the_sft_data_are_tool_calls_the_recipe_parses_in_the_recipes_chat(tiny_
 
 
 @pytest.mark.slow
+def test_a_tiny_tokenizer_trained_on_the_chats_text_writes_them_shorter(tmp_path):
+    """``chat_text``: the system prompt, the tool schemas, every screen line and every call
+    of the chats; a tiny model's tokenizer trained on it too (the recipe's ``--tiny
+    --warmup``) encodes an episode in fewer tokens, and still round-trips its tool calls."""
+    from transformers import AutoTokenizer
+
+    from digirl_lite.envs.sim.demos import sim_corpus
+    from digirl_lite.envs.sim.trl_tools import SYSTEM_PROMPT
+    from digirl_lite.envs.sim.trl_warmup import (
+        chat_text,
+        check_tool_template,
+        expert_conversations,
+    )
+    from digirl_lite.policy.tiny_vlm import make_tiny_chat_lm
+
+    data, _ = expert_conversations(n=2, seed=0, tasks=[TASK])
+    text = chat_text(data)
+    assert SYSTEM_PROMPT in text and any("task_complete" in t for t in text)
+    assert any(t.startswith("[icon:chrome]") for t in text)
+    assert '{"name": "tap", "arguments": {"element": "icon:chrome"}}' in text
+    corpus = sim_corpus(seed=0, n_demos=2)
+    n = {}
+    for name, lines in (("plain", corpus), ("chats", corpus + text)):
+        tok = check_tool_template(AutoTokenizer.from_pretrained(make_tiny_chat_lm(
+            tmp_path / name, corpus=lines, vocab_size=512, hidden_size=16,
+            intermediate_size=32, num_hidden_layers=1)))
+        n[name] = len(tok.apply_chat_template(data[0]["messages"], tools=json.loads(
+            data[0]["tools"]), tokenize=True, return_dict=True)["input_ids"])
+    assert n["chats"] < 0.9 * n["plain"]
+
+
+@pytest.mark.slow
+def test_the_evaluation_agent_renders_the_chat_as_sft_trained_on_it(tiny_dir):
+    """The held-out evaluation's prompt at every step of an expert chat is a prefix of what
+    SFT (assistant-only loss: TRL's training template) trained on, past turns' empty think
+    blocks included, as GRPO renders it; the tokenizer's own Qwen3 template drops them from
+    past turns (the evaluation then read chats unlike its training: issue 51)."""
+    from transformers import AutoTokenizer
+    from trl.chat_template_utils import get_training_chat_template
+
+    from digirl_lite.envs.sim.trl_warmup import (
+        ToolCallAgent,
+        check_tool_template,
+        expert_conversations,
+    )
+
+    data, _ = expert_conversations(n=3, seed=0, tasks=[TASK])
+    tok = check_tool_template(AutoTokenizer.from_pretrained(tiny_dir))
+    msgs, tools = data[0]["messages"], json.loads(data[0]["tools"])
+    trained = tok.apply_chat_template(msgs, tools=tools, tokenize=False,
+                                      chat_template=get_training_chat_template(tok))
+    agent = ToolCallAgent(None, tok)
+    turns = [k for k, m in enumerate(msgs) if m["role"] == "assistant"]
+    assert len(turns) >= 3
+    for k in turns:
+        assert trained.startswith(agent.prompt(msgs[:k]))
+    plain = tok.apply_chat_template(msgs[:turns[-1]], tools=tools, tokenize=False,
+                                    add_generation_prompt=True, enable_thinking=False)
+    assert not trained.startswith(plain)
+
+
+@pytest.mark.slow
 def test_an_infrastructure_fault_is_no_reward_of_0_but_dropped_and_counted(tmp_path):
     """The server dies: the tool call raises (TRL hands the model the message), the
     episode's reward is None (TRL leaves it out of its group) and the class counts it; a
@@ -134,7 +196,8 @@ def test_the_recipe_warms_up_then_runs_grpo_and_evaluates_both(tmp_path, capsys)
     s = recipe.main(["--tiny", "--warmup", "--sft-episodes", "2", "--sft-steps", "2",
                      "--sft-batch", "1", "--max-steps", "1", "--batch", "2",
                      "--num-generations", "2", "--max-completion-length", "64", "--tasks", "2",
-                     "--eval-tasks", "2", "--eval-envs", "2", "--out", str(tmp_path)])
+                     "--eval-tasks", "2", "--eval-envs", "2", "--out", str(tmp_path),
+                     "--tiny-set", "vocab_size=768", "hidden_size=32"])
     assert set(s["stages"]) == {"sft", "grpo"}
     for key in ("before", "after"):
         r = s[key]
@@ -145,6 +208,9 @@ def test_the_recipe_warms_up_then_runs_grpo_and_evaluates_both(tmp_path, capsys)
     out = capsys.readouterr().out
     assert "held-out success" in out and "sft" in out and "grpo" in out and "[true" in out
     assert (tmp_path / "sft" / "config.json").is_file()
+    sizes = json.loads((tmp_path / "tiny_model" / "tiny_lm.json").read_text())
+    assert sizes["vocab_size"] == 768 and sizes["hidden_size"] == 32
+    assert s["settings"]["tiny_set"] == ["vocab_size=768", "hidden_size=32"]
 
 
 def _recipe():

@@ -39,8 +39,8 @@ from digirl_lite.envs.sim.trl_tools import (
     tool_action,
 )
 
-__all__ = ["ToolTemplateError", "tool_schemas", "expert_conversations", "check_tool_template",
-           "ToolCallAgent"]
+__all__ = ["ToolTemplateError", "tool_schemas", "expert_conversations", "chat_text",
+           "check_tool_template", "ToolCallAgent"]
 
 _KEY_TOOLS = {key: tool for tool, key in KEY_TOOLS.items()}  # action type -> its tool
 
@@ -148,6 +148,24 @@ def expert_conversations(world: str = "webshop", n: int = 64, seed: int = 0,
     return Dataset.from_list(rows), counts
 
 
+def chat_text(data: Any) -> list[str]:
+    """The lines a tiny model's tokenizer should be trained on to read and write this
+    recipe's chats compactly: the system prompt, the tool schemas (as rendered) and every line
+    of every message and tool call of ``data`` (rows of :func:`expert_conversations`). A
+    tokenizer trained on the simulator's action strings alone spends more tokens per episode
+    on the screens and tool list it never saw (issue 51): slower SFT, longer chats."""
+    lines = [SYSTEM_PROMPT, json.dumps(tool_schemas())]
+    for row in data:
+        for m in row["messages"]:
+            lines += [line for line in str(m.get("content") or "").split("\n") if line]
+            for c in m.get("tool_calls") or []:
+                f = c.get("function", {})
+                args = f.get("arguments") or {}
+                args = json.loads(args) if isinstance(args, str) else args
+                lines.append(json.dumps({"name": f.get("name"), "arguments": args}))  # as rendered
+    return lines
+
+
 def check_tool_template(tok: Any) -> Any:
     """``tok`` with TRL's response parser set, after checking that its chat template renders
     the phone's tools and tool turns and that a tool call it renders parses back.
@@ -209,9 +227,19 @@ class ToolCallAgent:
     def __init__(self, model: Any, tok: Any, *, max_nodes: int = 40,
                  max_new_tokens: int = 48, sample: bool = False,
                  max_completion_length: int | None = None) -> None:
-        from trl.chat_template_utils import add_response_schema
+        from trl.chat_template_utils import (
+            add_response_schema,
+            get_training_chat_template,
+            is_chat_template_prefix_preserving,
+        )
 
         self.model, self.tok = model, add_response_schema(tok)
+        # the chat as GRPOTrainer renders it with tools (and SFTTrainer with assistant-only
+        # loss): a template that is not prefix-preserving (Qwen3's drops the empty think
+        # block of past turns) swapped for TRL's training one, which keeps it on every turn;
+        # the original renders past turns unlike anything trained on (issue 51)
+        self.chat_template = (None if is_chat_template_prefix_preserving(self.tok)
+                              else get_training_chat_template(self.tok))
         self.tok.padding_side = "left"
         self.max_nodes, self.max_new_tokens, self.sample = max_nodes, max_new_tokens, sample
         self.tools = tool_schemas()
@@ -247,10 +275,7 @@ class ToolCallAgent:
                 name = (last.get("tool_calls") or [{}])[0].get("function", {}).get("name")
                 self.chats[slot].append({"role": "tool", "name": name or "none",
                                          "content": text})
-        prompts = {s: self.tok.apply_chat_template(self.chats[s], tools=self.tools,
-                                                   tokenize=False, add_generation_prompt=True,
-                                                   enable_thinking=False)
-                   for s in slots if s not in self.over}
+        prompts = {s: self.prompt(self.chats[s]) for s in slots if s not in self.over}
         if self.max_completion_length:
             for s in list(prompts):
                 n = len(self.tok(prompts[s], add_special_tokens=False)["input_ids"])
@@ -264,6 +289,12 @@ class ToolCallAgent:
         if live:
             actions.update(zip(live, self._generate(live, [prompts[s] for s in live])))
         return [actions[s] for s in slots]
+
+    def prompt(self, chat: list[dict[str, Any]]) -> str:
+        """The text the model continues: ``chat`` with the tools, as GRPO renders it."""
+        return self.tok.apply_chat_template(chat, tools=self.tools,
+                                            chat_template=self.chat_template, tokenize=False,
+                                            add_generation_prompt=True, enable_thinking=False)
 
     def _generate(self, slots: Sequence[int], prompts: list[str]) -> list[str]:
         import torch
