@@ -28,12 +28,9 @@ def main(argv: list[str] | None = None) -> str:
     ap.add_argument("--set", nargs="*", default=[], metavar="SIZE=VALUE",
                     help=f"sizes to change (of {', '.join(sorted(TINY_VLM))})")
     args = ap.parse_args(argv)
-    sizes = {}
-    for item in args.set:
-        key, sep, value = item.partition("=")
-        if not sep:
-            ap.error(f"--set {item!r}: expected SIZE=VALUE")
-        sizes[key] = json.loads(value)
+    from digirl_lite.train.cli import parse_assignments
+
+    sizes = parse_assignments(args.set, "--set", "SIZE")
     t0 = time.perf_counter()
     try:
         out = make_tiny_vlm(args.out, seed=args.seed,

@@ -89,12 +89,9 @@ def main(argv: list[str] | None = None) -> dict:
                         "num_key_value_heads, vocab_size); with --warmup its tokenizer is also "
                         "trained on the SFT chats' text")
     args = ap.parse_args(argv)
-    tiny_sizes = {}
-    for item in args.tiny_set:
-        key, sep, value = item.partition("=")
-        if not sep:
-            ap.error(f"--tiny-set {item!r}: expected SIZE=VALUE")
-        tiny_sizes[key] = json.loads(value)
+    from digirl_lite.train.cli import parse_assignments
+
+    tiny_sizes = parse_assignments(args.tiny_set, "--tiny-set", "SIZE")
 
     try:
         from trl import GRPOConfig, GRPOTrainer

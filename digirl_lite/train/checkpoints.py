@@ -130,7 +130,7 @@ class RunFolder:
                  "buffer": self.buffer.state_dict(), "rngs": rngs,
                  "curve": self.curve, "summary": redact(self.summary), "timings": self.timings}
         (tmp / "state.json").write_text(json.dumps(state, default=float))
-        if self.claw is not None:  # the experience bank (``claw``), and claw/ to match
+        if self.claw is not None:  # the experience bank (``claw``)
             self.claw.save(tmp)
         self._save_fleet_stats()
         fsync_tree(tmp)
@@ -140,6 +140,8 @@ class RunFolder:
         previous = (root / "latest").read_text().strip() if (root / "latest").is_file() else ""
         atomic_write_text(root / "latest", name)
         fsync_dir(root)
+        if self.claw is not None:  # claw/ follows the checkpoint that is now the latest
+            self.claw.publish()
         for old in root.iterdir():  # keep this one and the one before
             if old.is_dir() and old.name not in (name, previous) and not old.name.startswith("."):
                 shutil.rmtree(old, ignore_errors=True)

@@ -87,7 +87,7 @@ class ClawLoop:
         """One cycle on ``episodes`` (a fleet's, with their UI trees), validated on
         ``fleet`` (``collect_kwargs``: its ``collect`` options, e.g. the drift day's
         ``reset_options``) with CRN ``salt``; writes the run's ``claw`` line (the bank's
-        files follow with the next checkpoint, :meth:`save`); returns the cycle's record."""
+        files follow with the next checkpoint, :meth:`publish`); returns the cycle's record."""
         from digirl_lite.harness.claw import FleetRunner, traces_from_episodes
         from digirl_lite.harness.claw.run import cycle_record
 
@@ -108,11 +108,14 @@ class ClawLoop:
         self.trainer.log(stage="claw", iteration=iteration, cycle=None, why=why)
 
     def save(self, folder: Path) -> None:
-        """The bank into a checkpoint folder, and the run's ``claw/`` files (``bank.json``,
-        the ``SKILL.md`` of each skill) to match it."""
+        """The bank into a checkpoint folder (being written)."""
+        self.bank.save(Path(folder) / BANK_FILE)
+
+    def publish(self) -> None:
+        """The run's ``claw/`` files (``bank.json``, the ``SKILL.md`` of each skill), once
+        the checkpoint holding the same bank is the latest."""
         from digirl_lite.harness.claw import write_skill_md
 
-        self.bank.save(Path(folder) / BANK_FILE)
         self.folder.mkdir(parents=True, exist_ok=True)
         self.bank.save(self.folder / "bank.json")
         write_skill_md(self.bank, self.folder / "skills")

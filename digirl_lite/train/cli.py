@@ -19,8 +19,8 @@ from typing import Any
 
 from digirl_lite.train.config import ConfigError, load_config, sim_quick, sim_webshop
 
-__all__ = ["run_parser", "config_from_args", "config_json", "cache_dir_of", "print_table",
-           "SPLIT_FIELDS",
+__all__ = ["run_parser", "config_from_args", "parse_assignments", "config_json",
+           "cache_dir_of", "print_table", "SPLIT_FIELDS",
            "per_process", "launch_processes", "add_processes_argument",
            "default_processes", "usable_cpus", "threads_per_process",
            "processes_of_run"]
@@ -151,14 +151,7 @@ def config_from_args(args: argparse.Namespace, default_config: str | Path | None
     for name in ("seed", "world"):
         if getattr(args, name, None) is not None:
             overrides[name] = getattr(args, name)
-    for item in args.set:
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise SystemExit(f"--set {item!r}: expected FIELD=VALUE")
-        try:
-            overrides[key] = json.loads(value)
-        except json.JSONDecodeError:
-            overrides[key] = value
+    overrides.update(parse_assignments(args.set, "--set", "FIELD"))
     overrides.update(extra)
     try:
         path = args.config or (None if args.quick else default_config)
@@ -170,6 +163,21 @@ def config_from_args(args: argparse.Namespace, default_config: str | Path | None
         return _share(cfg, args)
     except (ConfigError, TypeError, ValueError) as e:
         raise SystemExit(f"bad configuration: {e}") from None
+
+
+def parse_assignments(items: list[str], flag: str, what: str = "NAME") -> dict[str, Any]:
+    """``NAME=VALUE`` items of a command-line option (``flag``), each value read as JSON
+    (a bare word stays a string); an item without "=" exits naming the flag."""
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise SystemExit(f"{flag} {item!r}: expected {what}=VALUE")
+        try:
+            out[key] = json.loads(value)
+        except json.JSONDecodeError:
+            out[key] = value
+    return out
 
 
 def config_json(cfg) -> str:

@@ -415,9 +415,9 @@ class Trainer(StartingPolicyAndPile, Collection, AsyncCollection, RunFolder, Run
             self.timed("claw", lambda: self.claw.cycle(
                 episodes, self.fleet(), salt=seed, iteration=k,
                 collect_kwargs=self._reset_kw(k)))
-            update["unit_steps"] = round(float(np.mean(
-                [(s.decided_by or "").startswith("rule:") for t in collected
-                 for s in t.steps] or [0.0])), 4)
+            from digirl_lite.harness.harness import decision_shares
+
+            update["unit_steps"] = round(decision_shares(collected)["rule"], 4)
         if c.learner == "async":
             self._publish(k)
             if not staleness:  # resumed with what was stored before a crash

@@ -37,11 +37,9 @@ def check(cfg: Any) -> None:
     """The Claw fields of ``cfg`` (a :class:`~digirl_lite.train.config.DigiRLConfig`):
     ConfigError naming the field."""
     if not cfg.claw:
+        defaults = ClawLoopConfig()
         for name in ("claw_options", "claw_triage", "claw_triage_backend"):
-            default = ClawLoopConfig.__dataclass_fields__[name]
-            value = (default.default_factory() if callable(default.default_factory)
-                     else default.default)
-            if getattr(cfg, name) != value:
+            if getattr(cfg, name) != getattr(defaults, name):
                 raise ConfigError(f"{name}={getattr(cfg, name)!r} has no effect with "
                                   "claw=false: set claw true or leave it")
         return
