@@ -206,7 +206,7 @@ def _cycle(arm: Arm, fleet: Any, eps: list[Any], salt: int, day: int) -> dict[st
     with ``arm``'s policy as it stands now (after the day's update, for ``both``: the
     trainer's own cycle, :meth:`~digirl_lite.train.claw.ClawLoop.cycle`)."""
     from digirl_lite.harness.claw import FleetRunner, ScriptedTriage, traces_from_episodes
-    from digirl_lite.harness.claw.run import cycle_record
+    from digirl_lite.harness.claw.bank import cycle_record
 
     if arm.trainer is not None and arm.trainer.claw is not None:
         rec = arm.trainer.claw.cycle(eps, fleet, salt=salt, iteration=arm.updates)
@@ -223,7 +223,7 @@ def run_seed(args: argparse.Namespace, seed: int, setup: Setup, train: list[str]
              test: list[str], log) -> Iterator[dict[str, Any]]:
     from digirl_lite.data.records import ScreenTable, Source
     from digirl_lite.envs.sim.env import SimEnvFactory
-    from digirl_lite.harness.claw.run import units_record
+    from digirl_lite.harness.claw.bank import units_record
     from digirl_lite.rollout.factory import make_fleet
 
     work = Path(args.work) / f"seed{seed}"

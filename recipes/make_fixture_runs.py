@@ -133,8 +133,8 @@ class ScoredStandIns:
     on-policy learner has a ratio for every step."""
 
     def __init__(self, policy, features, screens, skill: float, base: int) -> None:
+        from digirl_lite.policy.agent import PolicyBatchAgent
         from digirl_lite.rollout.fleet import ScriptedBatchAgent
-        from digirl_lite.train.trainer import PolicyBatchAgent
 
         self.policy = policy
         self.inner = ScriptedBatchAgent(lambda slot: StandIn(skill, 0.04, base + slot))

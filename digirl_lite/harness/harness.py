@@ -320,7 +320,7 @@ class PolicyAgent:
     def __init__(self, policy: Any, features: Any, screens: Any, temperature: float = 1.0,
                  max_new_tokens: int = 64, constrained: bool = False,
                  copy_text: bool = False) -> None:
-        from digirl_lite.train.trainer import PolicyBatchAgent
+        from digirl_lite.policy.agent import PolicyBatchAgent
 
         self.policy = policy
         self.free = PolicyBatchAgent(policy, features, screens, temperature, max_new_tokens,
@@ -357,7 +357,7 @@ class PolicyAgent:
 
 class BatchStepAgent:
     """A fleet's batch agent (``act_batch(slots, observations)``: a training run's
-    :class:`~digirl_lite.train.collection.PolicyBatchAgent`) as a harness's agent: each
+    :class:`~digirl_lite.policy.agent.PolicyBatchAgent`) as a harness's agent: each
     step goes to it with its phone's slot, so what it keeps per episode (the texts typed,
     ``typed_span_once``) stays with the right phone, and around an empty harness it acts as
     it does alone. It sees only the steps it decides (a text a rule typed is not in its

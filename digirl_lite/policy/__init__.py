@@ -11,6 +11,7 @@ from digirl_lite._lazy import lazy_exports
 
 _NAMES = {
     "Policy": "digirl_lite.policy.base",
+    "PolicyBatchAgent": "digirl_lite.policy.agent",
     "policy_inputs": "digirl_lite.policy.base",
     "load_policy": "digirl_lite.policy.factory",
     "VLMPolicy": "digirl_lite.policy.vlm",

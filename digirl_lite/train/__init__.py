@@ -8,7 +8,7 @@ from digirl_lite._lazy import lazy_exports
 
 _NAMES = {
     "Trainer": "digirl_lite.train.trainer",
-    "PolicyBatchAgent": "digirl_lite.train.trainer",
+    "PolicyBatchAgent": "digirl_lite.policy.agent",
     "DigiRLConfig": "digirl_lite.train.config",
     "sim_webshop": "digirl_lite.train.config",
     "sim_quick": "digirl_lite.train.config",

@@ -21,8 +21,8 @@ from typing import Any
 import numpy as np
 
 from digirl_lite.data.records import ScreenTable, Source, Trajectory
+from digirl_lite.policy.agent import PolicyBatchAgent
 from digirl_lite.rollout.fleet import JudgeUnavailable, NoDevicesLeft
-from digirl_lite.train.collection import PolicyBatchAgent
 
 __all__ = ["AsyncCollection"]
 

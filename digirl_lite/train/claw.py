@@ -46,7 +46,7 @@ class ClawLoop:
 
     def __init__(self, trainer: Any) -> None:
         from digirl_lite.harness.claw import ClawConfig, ExperienceBank
-        from digirl_lite.harness.claw.run import make_triage
+        from digirl_lite.harness.claw.bank import make_triage
 
         c = trainer.cfg
         self.trainer = trainer
@@ -89,7 +89,7 @@ class ClawLoop:
         ``reset_options``) with CRN ``salt``; writes the run's ``claw`` line (the bank's
         files follow with the next checkpoint, :meth:`publish`); returns the cycle's record."""
         from digirl_lite.harness.claw import FleetRunner, traces_from_episodes
-        from digirl_lite.harness.claw.run import cycle_record
+        from digirl_lite.harness.claw.bank import cycle_record
 
         traces = traces_from_episodes(episodes)
         runner = FleetRunner(fleet, self._validation_agent,
@@ -133,6 +133,6 @@ class ClawLoop:
         return True
 
     def active(self) -> list[dict[str, Any]]:
-        from digirl_lite.harness.claw.run import units_record
+        from digirl_lite.harness.claw.bank import units_record
 
         return units_record(self.bank)

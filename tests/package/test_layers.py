@@ -21,10 +21,15 @@ module level, inside functions, under ``TYPE_CHECKING``, and module paths writte
                                                         envs package): phones and WorldInfo
                                                         from a config, simulator or Android
     viz                                                 plots, films, regrading
+    harness                                             the harness around an agent, its
+                                                        rules, DarwinX's engine, Darwin-Claw's
+                                                        units and bank (a training run's
+                                                        ``claw`` option uses them)
     report, train                                       the run report; the trainer
-    harness                                             a frozen agent's harness, DarwinX,
-                                                        Darwin-Claw (they run the trainer's
-                                                        policies and evaluation)
+    harness.runs                                        the runs around a frozen policy
+                                                        (harness/frozen.py, evolve.py,
+                                                        claw/run.py: they read the trainer's
+                                                        config and run its evaluation)
 
 A folder may import its own layer's neighbours as long as no circle forms; an import that
 goes up a layer fails with the line that makes it. The simulator sits above the policy, the
@@ -57,14 +62,20 @@ LAYERS: list[set[str]] = [
     {"envs.sim"},
     {"envs.factory"},
     {"viz"},
-    {"report", "train"},
     {"harness"},
+    {"report", "train"},
+    {"harness.runs"},
 ]
 RANK = {unit: i for i, layer in enumerate(LAYERS) for unit in layer}
 
 FACTORY = {"digirl_lite.envs", "digirl_lite.envs.setup"}
 """The env factory's modules: the only ones of ``envs/`` outside ``envs/sim/`` that may
 import the simulator."""
+
+RUNS = {"digirl_lite.harness.frozen", "digirl_lite.harness.evolve",
+        "digirl_lite.harness.claw.run"}
+"""The harness's runs around a frozen policy: the only modules of ``harness/`` that may
+import the trainer."""
 
 Edge = tuple[str, str]  # (importing unit, imported unit)
 Where = tuple[str, int, str]  # (file, line, imported module)
@@ -83,10 +94,13 @@ def _modules(root: Path) -> dict[str, Path]:
 def _unit(module: str) -> str | None:
     """The layer unit of ``digirl_lite.X...``: the subpackage or top-level module X, except
     in ``envs``: the simulator (``envs.sim``) and the env factory (``envs.factory``) are
-    layers of their own above the rest of it."""
+    layers of their own above the rest of it; in ``harness``, its runs (``harness.runs``) are
+    a layer above the trainer."""
     parts = module.split(".")
     if len(parts) < 2:
         return None
+    if module in RUNS:
+        return "harness.runs"
     if parts[1] == "envs":
         if module in FACTORY:
             return "envs.factory"

@@ -324,8 +324,8 @@ def test_the_agent_keeps_each_episodes_typed_texts(shipped):
     from digirl_lite.envs.sim.catalog import SITES
     from digirl_lite.envs.sim.demos import generate_demos
     from digirl_lite.envs.sim.tasks import parse_task
+    from digirl_lite.policy.agent import PolicyBatchAgent
     from digirl_lite.prompts import task_from_prompt
-    from digirl_lite.train.trainer import PolicyBatchAgent
     from digirl_lite.vision.cache import FeatureCache
     from digirl_lite.vision.sim_encoder import SimScreenEncoder
 
@@ -372,7 +372,7 @@ def test_typed_memory_resets_at_a_new_episode_whose_first_steps_it_did_not_see()
     """A harness around the agent (Darwin-Claw's units) may decide an episode's first steps:
     the per-slot memory of typed texts still starts afresh for the new episode."""
     from digirl_lite.envs.base import Observation
-    from digirl_lite.train.collection import PolicyBatchAgent
+    from digirl_lite.policy.agent import PolicyBatchAgent
 
     agent = PolicyBatchAgent(None, None, None, copy_text=True, copy_once=True)
 

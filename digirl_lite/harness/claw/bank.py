@@ -10,6 +10,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from digirl_lite.errors import ConfigError
 from digirl_lite.harness.claw.triage import ScriptedTriage, Trace, TriageResult, _run_triage
 from digirl_lite.harness.claw.units import (
     DEFAULT_WEIGHTS,
@@ -389,3 +390,75 @@ def _fmt_s(s: float | None) -> str:
         return "n/a"
     out = f"{s:.3f}".rstrip("0").rstrip(".")
     return "0" if out in ("", "-0") else out
+
+# ---------------------------------------------------------------------------------------
+# what a run around a bank shares (Darwin-Claw's runs, the training option, E3)
+# ---------------------------------------------------------------------------------------
+TRIAGE_KINDS = ("scripted", "llm")
+
+
+def check_claw_fields(options: Any, triage: str, backend: Any,
+                      names: tuple[str, str, str] = ("claw", "triage", "triage_backend")
+                      ) -> None:
+    """A bank's settings (``options``: :class:`~digirl_lite.harness.claw.ClawConfig`
+    fields), the triage kind and its LLM backend, each refused with a ConfigError naming its
+    field (``names``: the three fields as the caller's config calls them)."""
+    opt_name, triage_name, backend_name = names
+    if triage not in TRIAGE_KINDS:
+        raise ConfigError(f"{triage_name}: {triage!r} is not one of {TRIAGE_KINDS}")
+    if triage == "llm":
+        if not backend:
+            raise ConfigError(f"{backend_name}: the LLM triage needs a backend "
+                              "({\"backend\": \"gemini\" | \"openai\", ...})")
+        from digirl_lite.judge.backends import make_backend
+
+        try:
+            make_backend(dict(backend))
+        except ValueError as e:
+            raise ConfigError(f"{backend_name}: {e}") from None
+    if not isinstance(options, dict):
+        raise ConfigError(f"{opt_name}: must be a dict of ClawConfig fields, got {options!r}")
+    try:
+        ClawConfig.from_dict(options)
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"{opt_name}: {e}") from None
+
+
+def make_triage(triage: str, backend: Any = None) -> Any:
+    """The triage a config names: :class:`~digirl_lite.harness.claw.ScriptedTriage`, or
+    :class:`~digirl_lite.harness.claw.LLMTriage` on ``backend``."""
+    from digirl_lite.harness.claw.triage import LLMTriage
+
+    if triage == "llm":
+        from digirl_lite.judge.backends import make_backend
+
+        return LLMTriage(make_backend(dict(backend)))
+    return ScriptedTriage()
+
+
+def units_record(bank: Any, state: str = "active") -> list[dict[str, Any]]:
+    """The bank's active (or ``"nursery"``) units as a report lists them."""
+    us = bank.active() if state == "active" else bank.nursery()
+    return [{"id": u.id, "subtype": u.subtype, "trigger": u.trigger, "strategy": u.strategy,
+             "S": u.S, "e": u.e, "c": u.c, "eta": u.eta, "born": u.born} for u in us]
+
+
+def cycle_record(rep: dict[str, Any], traces: list[Any], bank: Any, runner: Any
+                 ) -> dict[str, Any]:
+    """One cycle's report (:meth:`ExperienceBank.cycle`'s ``rep`` on ``traces``, validated
+    through ``runner``) as a run records it: what was collected, triaged, admitted, promoted
+    and evicted, and the units after it (also E3's, ``benchmarks/claw_drift.py``)."""
+    ev = rep["events"]
+    return {
+        "collected": len(traces), "collected_successes": sum(bool(t.success) for t in traces),
+        "triage": {"kept": rep["triage"].get("kept", {}),
+                   "discarded": len(rep["triage"].get("discarded", {}))},
+        "admitted": rep["admitted"], "merged": rep["merged"], "archived": rep["archived"],
+        "refused": rep["refused"], "errors": rep["errors"],
+        "promoted": [e["eu"] for e in ev if e["event"] == "promoted"],
+        "evicted": [{"eu": e["eu"], "why": e.get("why")} for e in ev
+                    if e["event"] == "evicted"],
+        "events": ev, "validations": rep["validations"],
+        "runner_calls": runner.calls, "runner_episodes": runner.episodes,
+        "active_after": units_record(bank), "nursery_after": units_record(bank, "nursery"),
+    }

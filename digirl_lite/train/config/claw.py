@@ -43,7 +43,7 @@ def check(cfg: Any) -> None:
                 raise ConfigError(f"{name}={getattr(cfg, name)!r} has no effect with "
                                   "claw=false: set claw true or leave it")
         return
-    from digirl_lite.harness.claw.run import check_claw_fields
+    from digirl_lite.harness.claw.bank import check_claw_fields
 
     check_claw_fields(cfg.claw_options, cfg.claw_triage, cfg.claw_triage_backend,
                       ("claw_options", "claw_triage", "claw_triage_backend"))
