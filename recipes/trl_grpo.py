@@ -81,6 +81,9 @@ def main(argv: list[str] | None = None) -> dict:
     w.add_argument("--sft-steps", type=int, default=200, help="SFT optimizer steps")
     w.add_argument("--sft-batch", type=int, default=4)
     w.add_argument("--sft-learning-rate", type=float, default=1e-3)
+    w.add_argument("--sft-recovery", type=float, default=0.0,
+                   help="share of expert episodes with one mistake put in; SFT trains on the "
+                        "expert's way back from it, never on the mistake")
     w.add_argument("--eval-tasks", type=int, default=32, help="held-out test tasks evaluated")
     w.add_argument("--eval-envs", type=int, default=8, help="phones the evaluation runs at once")
     w.add_argument("--tiny-set", nargs="*", default=[], metavar="SIZE=VALUE",
@@ -189,7 +192,7 @@ def main(argv: list[str] | None = None) -> dict:
             "world", "tasks", "seed", "max_steps", "batch", "num_generations",
             "max_completion_length", "max_tool_calls", "max_nodes", "learning_rate", "beta",
             "temperature", "warmup", "sft_episodes", "sft_steps", "sft_batch",
-            "sft_learning_rate", "eval_tasks", "tiny_set")},
+            "sft_learning_rate", "sft_recovery", "eval_tasks", "tiny_set")},
         "omp_threads": os.environ.get("OMP_NUM_THREADS"),
     }
     if args.warmup:
@@ -242,10 +245,13 @@ def _sft_data(args: argparse.Namespace) -> tuple:
     """The expert's chats and their counts (built once per run's settings)."""
     from digirl_lite.envs.sim.trl_warmup import expert_conversations
 
-    key = (args.world, args.sft_episodes, args.seed, args.max_nodes)
+    key = (args.world, args.sft_episodes, args.seed, args.max_nodes, args.sft_recovery)
     if key not in _SFT_DATA:
+        if not 0.0 <= args.sft_recovery <= 1.0:
+            raise SystemExit(f"--sft-recovery: a share in [0, 1], got {args.sft_recovery}")
         _SFT_DATA[key] = expert_conversations(args.world, n=args.sft_episodes, seed=args.seed,
-                                              max_nodes=args.max_nodes)
+                                              max_nodes=args.max_nodes,
+                                              recovery=args.sft_recovery)
     return _SFT_DATA[key]
 
 

@@ -162,6 +162,56 @@ def test_the_evaluation_agent_renders_the_chat_as_sft_trained_on_it(tiny_dir):
 
 
 @pytest.mark.slow
+def test_recovery_rows_train_on_the_way_back_and_never_on_the_mistake(tiny_dir, tmp_path):
+    """``recovery``: a mistake put in (a tap on an id the screen lacks, answered with the
+    tools' note, or on another element) ends the row's prompt; the expert's way back from it
+    is the completion and ends in success. TRL's SFTTrainer (assistant-only loss) puts labels
+    on the completion's calls and on no token of the mistake's call or of any screen."""
+    from transformers import AutoTokenizer
+    from trl import SFTConfig, SFTTrainer
+
+    from digirl_lite.envs.sim.trl_warmup import check_tool_template, expert_conversations
+
+    with pytest.raises(ValueError, match="recovery"):
+        expert_conversations(n=1, tasks=[TASK], recovery=1.5)
+    data, counts = expert_conversations(n=6, seed=0, tasks=[TASK], recovery=1.0)
+    assert counts["recoveries"] >= 3 and counts["recoveries"] <= counts["kept"] == len(data)
+    invented = 0
+    for row in data:
+        prompt, completion = row["prompt"], row["completion"]
+        if len(prompt) == 2:  # the episode ended before its drawn step: no mistake
+            continue
+        mistake, answer = prompt[-2], prompt[-1]
+        assert mistake["role"] == "assistant" and answer["role"] == "tool"
+        element = json.loads(mistake["tool_calls"][0]["function"]["arguments"]).get("element")
+        if answer["content"].startswith("There is no element"):
+            invented += 1
+            assert f"[{element}]" not in prompt[-3]["content"]  # not on the screen before
+        assert completion[0]["role"] == "assistant"
+        assert completion[-1]["content"].endswith("the task is done.")
+    assert invented >= 1
+
+    tok = check_tool_template(AutoTokenizer.from_pretrained(tiny_dir))
+    cfg = SFTConfig(output_dir=str(tmp_path / "sft"), max_steps=1, assistant_only_loss=True,
+                    max_length=None, report_to="none", use_cpu=True, save_strategy="no")
+    trainer = SFTTrainer(model=str(tiny_dir), args=cfg, train_dataset=data,
+                         processing_class=tok)
+    def rendered(m):  # a call as the template writes it (see chat_text)
+        f = m["tool_calls"][0]["function"]
+        return json.dumps({"name": f["name"], "arguments": json.loads(f["arguments"])})
+
+    for row, example in zip(data, trainer.train_dataset):
+        trained = tok.decode([t for t in example["labels"] if t != -100])
+        calls = [rendered(m) for m in row["completion"] if m["role"] == "assistant"]
+        assert all(c in trained for c in calls)
+        assert trained.count('"name"') == len(calls)  # no other call, the mistake's neither
+        assert "Screen:" not in trained and "Task:" not in trained
+        if len(row["prompt"]) > 2:
+            assert rendered(row["prompt"][-2]) in calls or rendered(row["prompt"][-2]) \
+                not in trained
+
+
+@pytest.mark.slow
 def test_an_infrastructure_fault_is_no_reward_of_0_but_dropped_and_counted(tmp_path):
     """The server dies: the tool call raises (TRL hands the model the message), the
     episode's reward is None (TRL leaves it out of its group) and the class counts it; a

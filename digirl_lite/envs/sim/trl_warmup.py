@@ -91,14 +91,25 @@ def _expert_call(action, tree: str) -> dict[str, Any] | None:
 
 
 def expert_conversations(world: str = "webshop", n: int = 64, seed: int = 0,
-                         max_nodes: int = 40, tasks: Sequence[str] | None = None
-                         ) -> tuple[Any, dict[str, int]]:
+                         max_nodes: int = 40, tasks: Sequence[str] | None = None,
+                         recovery: float = 0.0) -> tuple[Any, dict[str, int]]:
     """``n`` episodes of the scripted expert on ``world``'s train tasks (or ``tasks``), each
     a row ``messages`` (the chat, see the module docstring) and ``tools`` (the schemas, as
     JSON), on the phone the recipe serves (surprises on, the same ``max_nodes``); only the
     episodes the expert completes are kept. Returns the ``datasets.Dataset`` and counts:
     ``episodes``, ``kept``, ``steps``, ``untranslatable`` (episodes with a tap no shown
-    element covers, dropped)."""
+    element covers, dropped), ``recoveries`` (kept episodes with a mistake put in).
+
+    ``recovery``: the share of episodes with one mistake put in at a step drawn from the
+    first eight (noise injection, as DART does for imitation): a tap on an element id the
+    screen does not have (one an earlier screen of the data showed; the phone answers with
+    the tools' note) or on another clickable element of the screen. The expert goes on from
+    wherever the mistake led. With ``recovery`` > 0 every row is a ``prompt`` and a
+    ``completion`` (TRL's prompt-completion form: the loss is on the completion's assistant
+    turns): a row with a mistake has the chat up to the mistake's answer as its prompt, so
+    SFT learns the way back and never the mistake itself; the others have the system and
+    first user turns as their prompt, which trains on the same tokens as ``messages`` rows.
+    """
     import random
 
     from datasets import Dataset
@@ -111,22 +122,36 @@ def expert_conversations(world: str = "webshop", n: int = 64, seed: int = 0,
 
         tasks = [t.text for t in SimPhoneEnv._load_task_list(world)]
         random.Random(seed).shuffle(tasks)
+    if not 0.0 <= recovery <= 1.0:
+        raise ValueError(f"recovery: a share in [0, 1], got {recovery!r}")
+    from digirl_lite.envs.uitree import parse_tree_text
+
     env = SimPhoneGymEnv(world=world, ui_tree=True, max_nodes=max_nodes, screen_size=(48, 24))
     schemas = json.dumps(tool_schemas())
-    rows, counts = [], {"episodes": 0, "kept": 0, "steps": 0, "untranslatable": 0}
+    rows, counts = [], {"episodes": 0, "kept": 0, "steps": 0, "untranslatable": 0,
+                        "recoveries": 0}
+    seen_ids: dict[str, None] = {}  # element ids of the screens so far (invented-id mistakes)
+    rng = random.Random(f"recovery|{seed}")
     for k in range(n):
         task = tasks[k % len(tasks)]
         obs, info = env.reset(seed=10_000 * seed + 5_000 + k, options={"task": task})
         first = observation_text(_shown(obs, info, False))
         messages = [{"role": "system", "content": SYSTEM_PROMPT},
                     {"role": "user", "content": f"Task: {task}" + first}]
-        expert, done, ok = ScriptedExpert(), False, True
+        mistake_at = rng.randrange(8) if rng.random() < recovery else None
+        prompt_end = 2  # where the completion starts (after a mistake's answer)
+        expert, done, ok, step = ScriptedExpert(), False, True, 0
         while not done:
+            shown = parse_tree_text(obs["ui_tree"] or "")
+            on_screen = {node.id for node in shown}
             call = _expert_call(parse_action(expert.act(env._obs)), obs["ui_tree"])
             if call is None:
                 ok = False
                 break
-            text, _ = tool_action(call["name"], call["arguments"], obs["ui_tree"])
+            if step == mistake_at:
+                call = _mistake(call, shown, [i for i in seen_ids if i not in on_screen], rng)
+            seen_ids.update(dict.fromkeys(on_screen))
+            text, note = tool_action(call["name"], call["arguments"], obs["ui_tree"])
             obs, _, terminated, truncated, info = env.step(text)
             done = terminated or truncated
             messages.append({"role": "assistant", "content": "",
@@ -134,18 +159,39 @@ def expert_conversations(world: str = "webshop", n: int = 64, seed: int = 0,
                                  "name": call["name"],
                                  "arguments": json.dumps(call["arguments"])}}]})
             messages.append({"role": "tool", "name": call["name"],
-                             "content": observation_text(_shown(obs, info, done))})
+                             "content": (note + "\n" if note else "")
+                             + observation_text(_shown(obs, info, done))})
+            if step == mistake_at:
+                prompt_end = len(messages)
+            step += 1
         counts["episodes"] += 1
         if not ok:
             counts["untranslatable"] += 1
             continue
-        if not info.get("success"):
-            continue
+        if not info.get("success") or (prompt_end > 2 and prompt_end == len(messages)):
+            continue  # failed, or over at the mistake: nothing to learn after it
         counts["kept"] += 1
-        counts["steps"] += (len(messages) - 2) // 2
-        rows.append({"messages": messages, "tools": schemas})
+        counts["recoveries"] += prompt_end > 2
+        counts["steps"] += (len(messages) - prompt_end) // 2
+        rows.append({"prompt": messages[:prompt_end], "completion": messages[prompt_end:],
+                     "tools": schemas} if recovery else {"messages": messages, "tools": schemas})
     env.close()
     return Dataset.from_list(rows), counts
+
+
+def _mistake(call: dict[str, Any], shown: Sequence[Any], elsewhere: Sequence[str],
+             rng: Any) -> dict[str, Any]:
+    """A wrong call in place of the expert's ``call`` on a screen whose elements are
+    ``shown``: a tap on an element id only other screens had (``elsewhere``; half the time
+    when there is one), else a tap on another clickable element of this screen (or, with
+    none, ``press_back``)."""
+    target = call["arguments"].get("element") if call["name"] == "tap" else None
+    if elsewhere and rng.random() < 0.5:
+        return {"name": "tap", "arguments": {"element": rng.choice(list(elsewhere))}}
+    others = [node.id for node in shown if node.clickable and node.id != target]
+    if others:
+        return {"name": "tap", "arguments": {"element": rng.choice(others)}}
+    return {"name": "press_back", "arguments": {}}
 
 
 def chat_text(data: Any) -> list[str]:
@@ -156,7 +202,7 @@ def chat_text(data: Any) -> list[str]:
     on the screens and tool list it never saw (issue 51): slower SFT, longer chats."""
     lines = [SYSTEM_PROMPT, json.dumps(tool_schemas())]
     for row in data:
-        for m in row["messages"]:
+        for m in row.get("messages") or list(row["prompt"]) + list(row["completion"]):
             lines += [line for line in str(m.get("content") or "").split("\n") if line]
             for c in m.get("tool_calls") or []:
                 f = c.get("function", {})
