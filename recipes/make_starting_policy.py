@@ -14,6 +14,10 @@ Another setting's starting policy ships beside it under its SFT key, where "ship
 
     python recipes/make_starting_policy.py --config recipes/configs/paper_setting.json \
         --world general --out <assets>/policies/sft-KEY
+
+It is trained here from scratch (about 75 min a world on one core) unless ``--cache-dir`` is
+given: then a policy of the same SFT key in that cache (``recipes/evaluate.py --policy sft``
+leaves one in the user's cache) is saved as it is.
 """
 
 from __future__ import annotations
@@ -36,7 +40,10 @@ def main(argv: list[str] | None = None) -> str:
     out = args.out or str(data_dir() / "policies" / f"sft-{cfg.world}")
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
-        trainer = Trainer(cfg, tmp, cache_dir=None, progress=not args.quiet)
+        # built here unless --cache-dir is given: then a policy the cache holds under the
+        # same SFT key (an evaluation's or a run's 'sft' start) is saved, not trained again
+        cache = None if args.cache_dir is None else (args.cache_dir or None)
+        trainer = Trainer(cfg, tmp, cache_dir=cache, progress=not args.quiet)
         trainer.build_starting_policy()
         trainer.save_starting_policy(out)
         shutil.copy(Path(tmp) / "metrics.jsonl", Path(out) / "sft_metrics.jsonl")

@@ -655,7 +655,7 @@ def test_a_setting_gives_the_live_phone_the_shipped_policy_and_the_copy_mask():
 
     paper = str(ROOT / "recipes/configs/paper_setting.json")
     env, policy, copy = EvolveConfig(world="general", setting=paper).resolved()
-    assert env["layout"] == "current" and env["surprises"]["popup"] == 0.4 and copy
+    assert env["layout"] == "current" and env["surprises"]["popup"] == 0.5 and copy  # General
     assert policy.name.startswith("sft-") and policy.name != "sft-general" and policy.is_dir()
     assert EvolveConfig(setting=paper).resolved()[1].name == "sft-webshop"
     assert EvolveConfig().resolved() == ({}, policy.parent / "sft-webshop", False)

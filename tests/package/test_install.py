@@ -22,7 +22,7 @@ ASSETS = ("tasks/webshop_train.txt", "tasks/webshop_test.txt", "tasks/general_tr
           "judge_examples/webshop/labels.jsonl", "judge_examples/general/labels.jsonl",
           "policies/sft-webshop/model.safetensors", "policies/sft-webshop/sft.json",
           "policies/sft-general/model.safetensors", "policies/sft-general/sft.json",
-          "policies/sft-e7b8426b74e8/model.safetensors", "policies/sft-e7b8426b74e8/sft.json")
+          "policies/sft-1c4141b85544/model.safetensors", "policies/sft-1c4141b85544/sft.json")
 
 
 def _build_wheel(tmp: Path) -> Path:

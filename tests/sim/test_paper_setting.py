@@ -68,15 +68,18 @@ def test_current_layout_moves_every_dialog_button_off_where_the_older_one_had_it
 @pytest.mark.slow
 @pytest.mark.parametrize("world", ["webshop", "general"])
 def test_the_expert_solves_the_live_phone_and_the_copier_fails_it_on_decisions(world):
-    """The tasks stay solvable on today's phone (the scripted expert, at least 95% of the
-    test list's first 48 tasks), while a copier of clean demonstrations fails mostly on
-    decisions: a pop-up not closed, voice input not left (issue 47, item 2)."""
+    """The tasks stay solvable on today's phone as the paper setting makes it (the scripted
+    expert, at least 95% of the test list's first 48 tasks), while a copier of clean
+    demonstrations fails mostly on decisions: a pop-up not closed, voice input not left
+    (issue 47, item 2)."""
+    from digirl_lite.train.config import load_config
+
     tasks = load_task_file(data_dir() / "tasks" / f"{world}_test.txt")[:48]
     results = {}
     for name, make in (("expert", lambda i: ScriptedExpert()),
                        ("copier", lambda i: Copier(seed=i))):
-        env = SimPhoneEnv(world, seed=0, layout="current",
-                          surprises={"popup": 0.4, "sponsored": 0.3})
+        env = SimPhoneEnv(world, seed=0, layout="current", surprises=load_config(
+            ROOT / "recipes" / "configs" / "paper_setting.json", world=world).sim_surprises)
         wins, causes = 0, Counter()
         for i, t in enumerate(tasks):
             _, info = play(env, make(i), t, seed=500 + i)
@@ -153,35 +156,44 @@ def test_layout_and_demonstration_phone_are_checked_by_name_and_reach_the_phones
 
 
 def test_the_paper_setting_config_loads_on_both_worlds():
-    """recipes/configs/paper_setting.json (the paper3 grids' setting) builds a config on each
-    world: the shipped starting policy fine-tuned on the older phone's demonstrations (General:
-    about a third of their pop-ups closed with BACK; Web Shopping: none, per_world), today's
-    layout, the copy path; the first and second designs
-    (paper_setting_v1.json: the shipped policies; _v2: half closed with BACK) still load,
-    each with its own SFT key."""
+    """recipes/configs/paper_setting.json (the fourth design: the paper4 grid's setting, and
+    the paper3 grids' on Web Shopping) builds a config on each world: the shipped starting
+    policy fine-tuned on the older phone's demonstrations (General: 42% of their pop-ups
+    closed with BACK; Web Shopping: none, per_world), today's layout (General: pop-ups on half
+    the page loads, per_world), the copy path; the first, second and third designs
+    (paper_setting_v1.json: the shipped policies; _v2: half closed with BACK; _v3: a third on
+    General) still load, each with its own SFT key."""
     from digirl_lite.train.config import load_config
-    from digirl_lite.train.starting import sft_key
+    from digirl_lite.train.starting import sft_key, shipped_policy_dir
 
     configs = ROOT / "recipes" / "configs"
     for world in ("webshop", "general"):
         cfg = load_config(configs / "paper_setting.json", world=world)
         assert (cfg.starting_policy, cfg.sim_layout, cfg.sft_phone,
                 cfg.sft_popup_back_share) == ("shipped", "current", "older",
-                                              {"webshop": 0.0, "general": 0.35}[world])
-        from digirl_lite.train.starting import shipped_policy_dir
-
+                                              {"webshop": 0.0, "general": 0.42}[world])
         ships = shipped_policy_dir(cfg)  # a fresh clone loads it, no 75-min fine-tuning
         assert ships.name == {"webshop": "sft-webshop",  # the main job's
                               "general": f"sft-{sft_key(cfg)}"}[world]
         assert json.loads((ships / "sft.json").read_text())["key"] == sft_key(cfg)
         assert cfg.copy_typed_text and cfg.constrained_decoding
-        assert cfg.sim_surprises == {"popup": 0.4, "sponsored": 0.3}
+        assert cfg.sim_surprises == {"popup": {"webshop": 0.4, "general": 0.5}[world],
+                                     "sponsored": 0.3}
         v1 = load_config(configs / "paper_setting_v1.json", world=world)
         assert (v1.starting_policy, v1.sft_popup_back_share) == ("shipped", 0.0)
-        # Web Shopping's third-design start is the first design's (the shipped policy)
+        # Web Shopping's third- and fourth-design start is the first design's (the shipped one)
         assert (sft_key(v1) == sft_key(cfg)) == (world == "webshop")
         v2 = load_config(configs / "paper_setting_v2.json", world=world)
         assert v2.sft_popup_back_share == 0.5 and sft_key(v2) not in (sft_key(v1), sft_key(cfg))
+        v3 = load_config(configs / "paper_setting_v3.json", world=world)
+        assert v3.sim_surprises == {"popup": 0.4, "sponsored": 0.3}
+        assert v3.sft_popup_back_share == {"webshop": 0.0, "general": 0.35}[world]
+        assert (sft_key(v3) == sft_key(cfg)) == (world == "webshop")  # only General changed
+        # superseded: its General start is fine-tuned (shipped at the paper3 grids' commit)
+        assert v3.starting_policy == {"webshop": "shipped", "general": "sft"}[world]
+        assert v3.as_dict() | {"sft_popup_back_share": cfg.sft_popup_back_share,
+                               "sim_surprises": cfg.sim_surprises,
+                               "starting_policy": "shipped"} == cfg.as_dict()
 
 
 def test_per_world_fields_of_a_config_file_apply_to_their_world_only(tmp_path):
