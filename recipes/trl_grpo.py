@@ -288,15 +288,17 @@ def evaluate_tool_model(model, tok, world: str = "webshop", n_tasks: int = 32,
 
 
 def _evaluate(args: argparse.Namespace, model, tok) -> dict:
-    """Held-out success through the package's evaluation (a model or its directory)."""
+    """Held-out success through the package's evaluation (a model or its directory), on
+    whole episodes: the phone's horizon ends them, not ``--max-completion-length`` (GRPO's
+    token budget for its training episodes; at its default of 256 tokens an evaluated
+    episode was cut after its first turns, every later step an invalid one)."""
     if isinstance(model, str):
         from transformers import AutoModelForCausalLM
 
         model = AutoModelForCausalLM.from_pretrained(model)
     report = evaluate_tool_model(model, tok, args.world, n_tasks=args.eval_tasks,
                                  seed=args.seed, n_envs=args.eval_envs,
-                                 max_nodes=args.max_nodes,
-                                 max_completion_length=args.max_completion_length)
+                                 max_nodes=args.max_nodes)
     report.pop("not_evaluated", None)
     return report
 
