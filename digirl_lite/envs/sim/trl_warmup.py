@@ -142,15 +142,17 @@ def expert_conversations(world: str = "webshop", n: int = 64, seed: int = 0,
         prompt_end = 2  # where the completion starts (after a mistake's answer)
         expert, done, ok, step = ScriptedExpert(), False, True, 0
         while not done:
-            shown = parse_tree_text(obs["ui_tree"] or "")
-            on_screen = {node.id for node in shown}
             call = _expert_call(parse_action(expert.act(env._obs)), obs["ui_tree"])
             if call is None:
                 ok = False
                 break
-            if step == mistake_at:
-                call = _mistake(call, shown, [i for i in seen_ids if i not in on_screen], rng)
-            seen_ids.update(dict.fromkeys(on_screen))
+            if recovery:  # the screen's elements: for a mistake here, or one later
+                shown = parse_tree_text(obs["ui_tree"] or "")
+                on_screen = {node.id for node in shown}
+                if step == mistake_at:
+                    call = _mistake(call, shown, [i for i in seen_ids if i not in on_screen],
+                                    rng)
+                seen_ids.update(dict.fromkeys(on_screen))
             text, note = tool_action(call["name"], call["arguments"], obs["ui_tree"])
             obs, _, terminated, truncated, info = env.step(text)
             done = terminated or truncated
