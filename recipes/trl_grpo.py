@@ -263,7 +263,8 @@ def evaluate_tool_model(model, tok, world: str = "webshop", n_tasks: int = 32,
     (:func:`~digirl_lite.train.evaluate.evaluate`) on the first ``n_tasks`` of ``world``'s
     test list, on in-process simulated phones (the ground-truth check as the judge, its truth
     beside it), with the model behind :class:`ToolCallAgent`. The summary gains
-    ``valid_tool_call_share`` and ``seconds``."""
+    ``valid_tool_call_share``, ``prompt_tokens`` (encoded, and read from the slots' key-value
+    caches) and ``seconds``."""
     from digirl_lite.envs.sim.env import SimEnvFactory, SimPhoneEnv
     from digirl_lite.envs.sim.trl_warmup import ToolCallAgent
     from digirl_lite.rollout.fleet import SyncFleet
@@ -283,6 +284,7 @@ def evaluate_tool_model(model, tok, world: str = "webshop", n_tasks: int = 32,
         fleet.close()
         model.train(was_training)
     report["valid_tool_call_share"] = agent.valid_share
+    report["prompt_tokens"] = {"encoded": agent.encoded, "from_cache": agent.reused}
     report["seconds"] = round(time.perf_counter() - t0, 1)
     return report
 

@@ -272,3 +272,35 @@ def _recipe():
     recipe = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(recipe)
     return recipe
+
+
+def test_the_evaluation_agent_reuses_each_slots_cache_and_replies_as_a_fresh_encode(tiny_dir):
+    """Each slot keeps its chat's key-value cache, so a turn encodes only the tokens after
+    what the cache holds; cut back where a new prompt departs from it (a re-rendered turn, a
+    new episode), and the reply is the one a fresh encode of the whole prompt gives."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from digirl_lite.envs.sim.trl_warmup import ToolCallAgent, check_tool_template
+
+    tok = check_tool_template(AutoTokenizer.from_pretrained(tiny_dir))
+    model = AutoModelForCausalLM.from_pretrained(tiny_dir).eval()
+    words = tok("Task: search for logitech g910 on ebay, then open the first result",
+                add_special_tokens=False)["input_ids"]
+    first = words * 3
+    agent = ToolCallAgent(model, tok, max_new_tokens=6)
+    reply = agent._continue(0, first)
+    assert agent.reused == 0 and agent.encoded == len(first)
+    turns = [first + reply + words,            # the next turn: the cache holds the prefix
+             first + reply[:2] + words[::-1],  # departs inside the reply: cut back
+             words[:3] + first]                # a new episode sharing little
+    for prompt in turns:
+        before = agent.reused
+        got = agent._continue(0, prompt)
+        fresh = ToolCallAgent(model, tok, max_new_tokens=6)._continue(0, prompt)
+        assert got == fresh
+        assert len(got) >= 1
+    assert agent.reused - len(first) >= 0
+    assert agent.encoded < sum(map(len, [first] + turns))
+    # the second slot has its own cache
+    other = agent._continue(1, first)
+    assert other == reply and agent.caches[1][0] is not agent.caches[0][0]

@@ -299,6 +299,9 @@ class ToolCallAgent:
         self.over: set[int] = set()
         self.replies = 0
         self.valid = 0
+        self.caches: dict[int, tuple[Any, list[int]]] = {}  # slot: (cache, its tokens)
+        self.reused = 0  # prompt tokens read from a slot's cache
+        self.encoded = 0  # prompt tokens encoded
 
     def _text(self, slot: int, obs: Any) -> str:
         from digirl_lite.envs.uitree import tree_text
@@ -345,22 +348,16 @@ class ToolCallAgent:
                                             add_generation_prompt=True, enable_thinking=False)
 
     def _generate(self, slots: Sequence[int], prompts: list[str]) -> list[str]:
-        import torch
         from trl.chat_template_utils import parse_response
 
-        enc = self.tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
-        with torch.no_grad():
-            out = self.model.generate(**enc, max_new_tokens=self.max_new_tokens,
-                                      do_sample=self.sample,
-                                      pad_token_id=self.tok.pad_token_id)
         actions = []
         eos = self.tok.convert_tokens_to_ids("<|im_end|>") if "<|im_end|>" in self.tok.get_vocab() \
             else self.tok.eos_token_id
-        for i, slot in enumerate(slots):
-            ids = out[i, enc["input_ids"].shape[1]:].tolist()
+        for slot, prompt in zip(slots, prompts):
+            prefix = self.tok(prompt, add_special_tokens=False)["input_ids"]
+            ids = self._continue(slot, prefix)
             if eos in ids:
                 ids = ids[:ids.index(eos) + 1]
-            prefix = enc["input_ids"][i][enc["attention_mask"][i].bool()].tolist()
             msg = parse_response(self.tok, ids, prefix=prefix, tools=self.tools)
             calls = [c.get("function", {}) for c in msg.get("tool_calls") or []]
             self.replies += 1
@@ -383,6 +380,40 @@ class ToolCallAgent:
                 self.notes[slot] = (note, text)
             actions.append(text)
         return actions
+
+    def _continue(self, slot: int, prefix: list[int]) -> list[int]:
+        """The model's reply to ``prefix`` (token ids), one slot at a time: each slot keeps the
+        key-value cache of its chat, so a turn encodes only the tokens its cache does not hold
+        (the new screen), not the whole chat again; the cache is cut back to the longest
+        common prefix of what it holds and ``prefix`` (an assistant turn re-rendered from the
+        parsed call, a new episode after the system prompt and tools). Each turn used to
+        re-encode every slot's whole chat, left-padded to the longest: 547 of 627 s of a
+        profiled evaluation were that attention (issue 51)."""
+        import torch
+        from transformers import DynamicCache
+
+        cache, held = self.caches.get(slot, (None, []))
+        same = 0
+        for a, b in zip(held, prefix):
+            if a != b:
+                break
+            same += 1
+        same = min(same, len(prefix) - 1)  # at least one token to encode
+        if cache is None or same == 0:
+            cache = DynamicCache(config=self.model.config)
+        else:
+            cache.crop(same - cache.get_seq_length())  # tokens to remove, <= 0
+        self.reused += same
+        self.encoded += len(prefix) - same
+        ids = torch.tensor([prefix], dtype=torch.long)
+        with torch.no_grad():
+            out = self.model.generate(input_ids=ids, attention_mask=torch.ones_like(ids),
+                                      cache=cache,
+                                      max_new_tokens=self.max_new_tokens,
+                                      do_sample=self.sample, pad_token_id=self.tok.pad_token_id)
+        full = out[0].tolist()
+        self.caches[slot] = (cache, full[:cache.get_seq_length()])
+        return full[len(prefix):]
 
     @property
     def valid_share(self) -> float:
