@@ -293,14 +293,15 @@ def test_the_evaluation_agent_reuses_each_slots_cache_and_replies_as_a_fresh_enc
     turns = [first + reply + words,            # the next turn: the cache holds the prefix
              first + reply[:2] + words[::-1],  # departs inside the reply: cut back
              words[:3] + first]                # a new episode sharing little
-    for prompt in turns:
+    shared = [len(first), len(first) + 2, 3]  # at least this much read from the cache
+    for prompt, least in zip(turns, shared):
         before = agent.reused
         got = agent._continue(0, prompt)
         fresh = ToolCallAgent(model, tok, max_new_tokens=6)._continue(0, prompt)
         assert got == fresh
         assert len(got) >= 1
-    assert agent.reused - len(first) >= 0
-    assert agent.encoded < sum(map(len, [first] + turns))
+        assert least <= agent.reused - before < len(prompt)
+    assert agent.reused + agent.encoded == sum(map(len, [first] + turns))
     # the second slot has its own cache
     other = agent._continue(1, first)
     assert other == reply and agent.caches[1][0] is not agent.caches[0][0]
