@@ -269,7 +269,10 @@ class ToolCallAgent:
     with TRL's parser and its first tool call mapped to an action by
     :func:`~.trl_tools.tool_action`. A reply without a valid tool call (no call, an unknown
     tool, a tap on an element the screen does not have) is an unparseable step. Greedy
-    decoding unless ``sample``. ``valid`` / ``replies`` count the valid tool calls.
+    decoding unless ``sample``. ``valid`` / ``replies`` count the valid tool calls. Each slot
+    keeps its chat's key-value cache (:meth:`_continue`), valid for the weights it was built
+    with: after the model trains, make a new agent (as ``evaluate_tool_model`` of the
+    GRPO recipe does for each evaluation).
     """
 
     def __init__(self, model: Any, tok: Any, *, max_nodes: int = 40,
@@ -405,7 +408,7 @@ class ToolCallAgent:
             cache.crop(same - cache.get_seq_length())  # tokens to remove, <= 0
         self.reused += same
         self.encoded += len(prefix) - same
-        ids = torch.tensor([prefix], dtype=torch.long)
+        ids = torch.tensor([prefix], dtype=torch.long, device=self.model.device)
         with torch.no_grad():
             out = self.model.generate(input_ids=ids, attention_mask=torch.ones_like(ids),
                                       cache=cache,
