@@ -329,10 +329,11 @@ class ToolCallAgent:
                 name = (last.get("tool_calls") or [{}])[0].get("function", {}).get("name")
                 self.chats[slot].append({"role": "tool", "name": name or "none",
                                          "content": text})
-        prompts = {s: self.prompt(self.chats[s]) for s in slots if s not in self.over}
+        prompts = {s: self.tok(self.prompt(self.chats[s]), add_special_tokens=False)["input_ids"]
+                   for s in slots if s not in self.over}
         if self.max_completion_length:
             for s in list(prompts):
-                n = len(self.tok(prompts[s], add_special_tokens=False)["input_ids"])
+                n = len(prompts[s])
                 first = self.prompt_length.setdefault(s, n)
                 if n - first > self.max_completion_length:
                     self.over.add(s)
@@ -350,14 +351,13 @@ class ToolCallAgent:
                                             chat_template=self.chat_template, tokenize=False,
                                             add_generation_prompt=True, enable_thinking=False)
 
-    def _generate(self, slots: Sequence[int], prompts: list[str]) -> list[str]:
+    def _generate(self, slots: Sequence[int], prompts: list[list[int]]) -> list[str]:
         from trl.chat_template_utils import parse_response
 
         actions = []
         eos = self.tok.convert_tokens_to_ids("<|im_end|>") if "<|im_end|>" in self.tok.get_vocab() \
             else self.tok.eos_token_id
-        for slot, prompt in zip(slots, prompts):
-            prefix = self.tok(prompt, add_special_tokens=False)["input_ids"]
+        for slot, prefix in zip(slots, prompts):
             ids = self._continue(slot, prefix)
             if eos in ids:
                 ids = ids[:ids.index(eos) + 1]
@@ -392,16 +392,13 @@ class ToolCallAgent:
         parsed call, a new episode after the system prompt and tools). Each turn used to
         re-encode every slot's whole chat, left-padded to the longest: 547 of 627 s of a
         profiled evaluation were that attention (issue 51)."""
+        from os.path import commonprefix
+
         import torch
         from transformers import DynamicCache
 
         cache, held = self.caches.get(slot, (None, []))
-        same = 0
-        for a, b in zip(held, prefix):
-            if a != b:
-                break
-            same += 1
-        same = min(same, len(prefix) - 1)  # at least one token to encode
+        same = min(len(commonprefix([held, prefix])), len(prefix) - 1)  # >= 1 token to encode
         if cache is None or same == 0:
             cache = DynamicCache(config=self.model.config)
         else:
