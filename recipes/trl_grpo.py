@@ -84,6 +84,10 @@ def main(argv: list[str] | None = None) -> dict:
     w.add_argument("--sft-recovery", type=float, default=0.0,
                    help="share of expert episodes with one mistake put in; SFT trains on the "
                         "expert's way back from it, never on the mistake")
+    w.add_argument("--sft-varied", type=float, default=0.0,
+                   help="share of expert episodes on a train task with a made-up product "
+                        "(General: made-up names), so SFT teaches copying the task's words "
+                        "rather than typing the train list's")
     w.add_argument("--eval-tasks", type=int, default=32, help="held-out test tasks evaluated")
     w.add_argument("--eval-envs", type=int, default=8, help="phones the evaluation runs at once")
     w.add_argument("--tiny-set", nargs="*", default=[], metavar="SIZE=VALUE",
@@ -192,7 +196,7 @@ def main(argv: list[str] | None = None) -> dict:
             "world", "tasks", "seed", "max_steps", "batch", "num_generations",
             "max_completion_length", "max_tool_calls", "max_nodes", "learning_rate", "beta",
             "temperature", "warmup", "sft_episodes", "sft_steps", "sft_batch",
-            "sft_learning_rate", "sft_recovery", "eval_tasks", "tiny_set")},
+            "sft_learning_rate", "sft_recovery", "sft_varied", "eval_tasks", "tiny_set")},
         "omp_threads": os.environ.get("OMP_NUM_THREADS"),
     }
     if args.warmup:
@@ -245,13 +249,17 @@ def _sft_data(args: argparse.Namespace) -> tuple:
     """The expert's chats and their counts (built once per run's settings)."""
     from digirl_lite.envs.sim.trl_warmup import expert_conversations
 
-    key = (args.world, args.sft_episodes, args.seed, args.max_nodes, args.sft_recovery)
+    key = (args.world, args.sft_episodes, args.seed, args.max_nodes, args.sft_recovery,
+           args.sft_varied)
     if key not in _SFT_DATA:
-        if not 0.0 <= args.sft_recovery <= 1.0:
-            raise SystemExit(f"--sft-recovery: a share in [0, 1], got {args.sft_recovery}")
+        for flag, share in (("--sft-recovery", args.sft_recovery),
+                            ("--sft-varied", args.sft_varied)):
+            if not 0.0 <= share <= 1.0:
+                raise SystemExit(f"{flag}: a share in [0, 1], got {share}")
         _SFT_DATA[key] = expert_conversations(args.world, n=args.sft_episodes, seed=args.seed,
                                               max_nodes=args.max_nodes,
-                                              recovery=args.sft_recovery)
+                                              recovery=args.sft_recovery,
+                                              varied=args.sft_varied)
     return _SFT_DATA[key]
 
 

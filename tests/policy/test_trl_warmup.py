@@ -211,6 +211,34 @@ def test_recovery_rows_train_on_the_way_back_and_never_on_the_mistake(tiny_dir, 
                 not in trained
 
 
+def test_varied_episodes_type_a_made_up_product_their_task_names_and_succeed():
+    """``varied``: that share of the expert's episodes run a train task whose product
+    (General: whose names) is made up, so the text a successful episode types is one the
+    train list never holds: copying it from the task is the only way to write it."""
+    from digirl_lite.envs.sim.env import SimPhoneEnv
+    from digirl_lite.envs.sim.trl_warmup import expert_conversations
+
+    with pytest.raises(ValueError, match="varied"):
+        expert_conversations(n=1, tasks=[TASK], varied=-0.1)
+    for world in ("webshop", "general"):
+        train = [t.text for t in SimPhoneEnv._load_task_list(world)]
+        data, counts = expert_conversations(world, n=10, seed=1, max_nodes=20, varied=1.0)
+        assert counts["varied"] >= 4, counts
+        new = 0
+        for row in data:
+            task = row["messages"][1]["content"].split("Task: ", 1)[1].split("Goal:")[0]
+            typed = [json.loads(m["tool_calls"][0]["function"]["arguments"])["text"]
+                     for m in row["messages"] if m["role"] == "assistant"
+                     and m["tool_calls"][0]["function"]["name"] == "type_text"]
+            if task not in train:
+                new += 1
+                assert typed and typed[-1].lower() in task.lower()  # copied from the task
+                assert not any(typed[-1].lower() in t.lower() for t in train) or world == \
+                    "general"  # a made-up product is in no train task
+        assert new >= 3
+    assert expert_conversations(n=2, seed=1, tasks=[TASK])[1]["varied"] == 0
+
+
 @pytest.mark.slow
 def test_an_infrastructure_fault_is_no_reward_of_0_but_dropped_and_counted(tmp_path):
     """The server dies: the tool call raises (TRL hands the model the message), the

@@ -92,7 +92,8 @@ def _expert_call(action, tree: str) -> dict[str, Any] | None:
 
 def expert_conversations(world: str = "webshop", n: int = 64, seed: int = 0,
                          max_nodes: int = 40, tasks: Sequence[str] | None = None,
-                         recovery: float = 0.0) -> tuple[Any, dict[str, int]]:
+                         recovery: float = 0.0, varied: float = 0.0
+                         ) -> tuple[Any, dict[str, int]]:
     """``n`` episodes of the scripted expert on ``world``'s train tasks (or ``tasks``), each
     a row ``messages`` (the chat, see the module docstring) and ``tools`` (the schemas, as
     JSON), on the phone the recipe serves (surprises on, the same ``max_nodes``); only the
@@ -109,6 +110,13 @@ def expert_conversations(world: str = "webshop", n: int = 64, seed: int = 0,
     turns): a row with a mistake has the chat up to the mistake's answer as its prompt, so
     SFT learns the way back and never the mistake itself; the others have the system and
     first user turns as their prompt, which trains on the same tokens as ``messages`` rows.
+
+    ``varied``: the share of episodes whose task has its product replaced by a made-up one
+    (Web Shopping, :func:`~digirl_lite.envs.sim.drills.vary_products`; General: each
+    search's names, :func:`~digirl_lite.envs.sim.drills.vary_queries`), as the Auto-UI
+    starting policy's demonstrations do: on the train list's few hundred products and
+    places a model from scratch learns to type the ones it saw, not to copy what the task
+    says. Counted in ``varied``.
     """
     import random
 
@@ -122,18 +130,29 @@ def expert_conversations(world: str = "webshop", n: int = 64, seed: int = 0,
 
         tasks = [t.text for t in SimPhoneEnv._load_task_list(world)]
         random.Random(seed).shuffle(tasks)
-    if not 0.0 <= recovery <= 1.0:
-        raise ValueError(f"recovery: a share in [0, 1], got {recovery!r}")
+    for name, share in (("recovery", recovery), ("varied", varied)):
+        if not 0.0 <= share <= 1.0:
+            raise ValueError(f"{name}: a share in [0, 1], got {share!r}")
+    made_up: list[str] = []
+    if varied:  # train tasks drawn at random, each with new names (the pools: all of them)
+        from digirl_lite.envs.sim.drills import vary_products, vary_queries
+
+        made_up = (vary_queries if world == "general" else vary_products)(list(tasks), n,
+                                                                          seed=seed)
+    vrng, known = random.Random(f"varied|{seed}"), set(tasks)
     from digirl_lite.envs.uitree import parse_tree_text
 
     env = SimPhoneGymEnv(world=world, ui_tree=True, max_nodes=max_nodes, screen_size=(48, 24))
     schemas = json.dumps(tool_schemas())
     rows, counts = [], {"episodes": 0, "kept": 0, "steps": 0, "untranslatable": 0,
-                        "recoveries": 0}
+                        "recoveries": 0, "varied": 0}
     seen_ids: dict[str, None] = {}  # element ids of the screens so far (invented-id mistakes)
     rng = random.Random(f"recovery|{seed}")
     for k in range(n):
         task = tasks[k % len(tasks)]
+        if varied and vrng.random() < varied:
+            task = made_up[k]
+            counts["varied"] += task not in known  # one without a product or name stays
         obs, info = env.reset(seed=10_000 * seed + 5_000 + k, options={"task": task})
         first = observation_text(_shown(obs, info, False))
         messages = [{"role": "system", "content": SYSTEM_PROMPT},
