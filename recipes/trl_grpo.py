@@ -30,6 +30,9 @@ calls GRPO's parser reads; then measures held-out success with the package's eva
 (:func:`evaluate_tool_model` below: the first ``--eval-tasks`` test
 tasks, true rate beside the judged one, the share of valid tool calls), runs GRPO from there
 and measures again, and prints both in the main job's table (stages ``sft`` and ``grpo``).
+``--grpo-filter K`` first samples K episodes of each training task with the SFT model and
+keeps for GRPO only the tasks it solves sometimes but not always (the others' groups have no
+advantage to learn from; their counts are in ``summary.json``).
 An episode an infrastructure fault ended (server error, lost session) gets no reward: TRL
 leaves it out of its group (a start is retried once on a new connection); ``summary.json``
 counts them. A ``--model`` whose chat template cannot write tool calls is refused first.
@@ -88,6 +91,11 @@ def main(argv: list[str] | None = None) -> dict:
                    help="share of expert episodes on a train task with a made-up product "
                         "(General: made-up names), so SFT teaches copying the task's words "
                         "rather than typing the train list's")
+    w.add_argument("--grpo-filter", type=int, default=0, metavar="K",
+                   help="before GRPO, sample K episodes of each of the --tasks train tasks with "
+                        "the SFT model (temperature 1) and train GRPO only on the tasks it "
+                        "solved sometimes but not always: a group whose rollouts all fail (or "
+                        "all succeed) has no advantage and teaches nothing")
     w.add_argument("--eval-tasks", type=int, default=32, help="held-out test tasks evaluated")
     w.add_argument("--eval-envs", type=int, default=8, help="phones the evaluation runs at once")
     w.add_argument("--tiny-set", nargs="*", default=[], metavar="SIZE=VALUE",
@@ -99,6 +107,9 @@ def main(argv: list[str] | None = None) -> dict:
     from digirl_lite.train.cli import parse_assignments
 
     tiny_sizes = parse_assignments(args.tiny_set, "--tiny-set", "SIZE")
+    if args.grpo_filter and (args.grpo_filter < 2 or not args.warmup):
+        ap.error("--grpo-filter K: K >= 2 episodes per task, and with --warmup (it samples "
+                 f"the SFT model), got {args.grpo_filter}")
 
     try:
         from trl import GRPOConfig, GRPOTrainer
@@ -152,6 +163,8 @@ def main(argv: list[str] | None = None) -> dict:
     try:
         tools = phone_tools(url, ui_tree_options={"max_nodes": args.max_nodes})
         data = task_dataset(args.world, n=args.tasks, seed=args.seed)
+        if args.grpo_filter:
+            data = _filter_tasks(args, model, tok, data, phases)
         cfg = GRPOConfig(
             output_dir=str(out / "trl"), max_steps=args.max_steps,
             per_device_train_batch_size=args.batch, num_generations=args.num_generations,
@@ -196,7 +209,8 @@ def main(argv: list[str] | None = None) -> dict:
             "world", "tasks", "seed", "max_steps", "batch", "num_generations",
             "max_completion_length", "max_tool_calls", "max_nodes", "learning_rate", "beta",
             "temperature", "warmup", "sft_episodes", "sft_steps", "sft_batch",
-            "sft_learning_rate", "sft_recovery", "sft_varied", "eval_tasks", "tiny_set")},
+            "sft_learning_rate", "sft_recovery", "sft_varied", "grpo_filter", "eval_tasks",
+            "tiny_set")},
         "omp_threads": os.environ.get("OMP_NUM_THREADS"),
     }
     if args.warmup:
@@ -265,36 +279,79 @@ def _sft_data(args: argparse.Namespace) -> tuple:
 
 def evaluate_tool_model(model, tok, world: str = "webshop", n_tasks: int = 32,
                         seed: int = 0, n_envs: int = 8, max_nodes: int = 40,
-                        max_new_tokens: int = 48, max_completion_length: int | None = None
-                        ) -> dict:
+                        max_new_tokens: int = 48, max_completion_length: int | None = None,
+                        tasks: list[str] | None = None, sample: bool = False,
+                        episodes: list | None = None) -> dict:
     """Held-out success of a tool-calling model: the package's evaluation
     (:func:`~digirl_lite.train.evaluate.evaluate`) on the first ``n_tasks`` of ``world``'s
-    test list, on in-process simulated phones (the ground-truth check as the judge, its truth
-    beside it), with the model behind :class:`ToolCallAgent`. The summary gains
+    test list (or of ``tasks``, on the world's train phones), on in-process simulated phones
+    (the ground-truth check as the judge, its truth beside it), with the model behind
+    :class:`ToolCallAgent` (greedy, or ``sample``: temperature 1). The summary gains
     ``valid_tool_call_share``, ``prompt_tokens`` (encoded, and read from the slots' key-value
-    caches) and ``seconds``."""
+    caches) and ``seconds``; ``episodes``, when given, receives the episodes."""
     from digirl_lite.envs.sim.env import SimEnvFactory, SimPhoneEnv
     from digirl_lite.envs.sim.trl_warmup import ToolCallAgent
     from digirl_lite.rollout.fleet import SyncFleet
     from digirl_lite.train.evaluate import evaluate
 
-    tasks = list(SimPhoneEnv._load_task_list(f"{world}_test"))
-    fleet = SyncFleet(SimEnvFactory(seed=seed, tasks=f"{world}_test", ui_tree=True),
+    split = f"{world}_test" if tasks is None else world
+    if tasks is None:
+        tasks = list(SimPhoneEnv._load_task_list(split))
+    fleet = SyncFleet(SimEnvFactory(seed=seed, tasks=split, ui_tree=True),
                       n_envs=min(n_envs, n_tasks), backend="local", parallel_steps=False)
     agent = ToolCallAgent(model, tok, max_nodes=max_nodes, max_new_tokens=max_new_tokens,
-                          max_completion_length=max_completion_length)
+                          max_completion_length=max_completion_length, sample=sample)
     was_training = model.training
     model.eval()
     t0 = time.perf_counter()
     try:
-        report, _ = evaluate(fleet, agent, tasks, seed=10_000 + seed, n_tasks=n_tasks)
+        report, got = evaluate(fleet, agent, tasks, seed=10_000 + seed, n_tasks=n_tasks)
     finally:
         fleet.close()
         model.train(was_training)
     report["valid_tool_call_share"] = agent.valid_share
     report["prompt_tokens"] = {"encoded": agent.encoded, "from_cache": agent.reused}
     report["seconds"] = round(time.perf_counter() - t0, 1)
+    if episodes is not None:
+        episodes.extend(got)
     return report
+
+
+def _filter_tasks(args: argparse.Namespace, model, tok, data, phases: dict):
+    """``data``'s rows whose task the SFT model solved in some but not all of
+    ``--grpo-filter`` sampled episodes (true success), the rest dropped and counted in
+    ``phases["grpo_filter"]``. With none left, every row is kept and the phase says so:
+    GRPO then gets no gradient (every group's advantage is 0), which the run reports rather
+    than hides."""
+    from collections import Counter
+
+    if isinstance(model, str):
+        from transformers import AutoModelForCausalLM
+
+        model = AutoModelForCausalLM.from_pretrained(model)
+    k, tasks = args.grpo_filter, list(data["task"])
+    episodes: list = []
+    report = evaluate_tool_model(model, tok, args.world, n_tasks=k * len(tasks),
+                                 seed=args.seed + 1, n_envs=args.eval_envs,
+                                 max_nodes=args.max_nodes, sample=True,
+                                 tasks=[t for t in tasks for _ in range(k)],
+                                 episodes=episodes)
+    wins = Counter(e.trajectory.task for e in episodes if e.trajectory.true_success)
+    keep = [i for i, t in enumerate(tasks) if 0 < wins[t] < k]
+    phases["grpo_filter"] = {
+        "episodes_per_task": k, "tasks": len(tasks), "kept": len(keep),
+        "solved_always": sum(wins[t] == k for t in tasks),
+        "solved_never": sum(wins[t] == 0 for t in tasks),
+        "success_rate": report["true_success_rate"], "seconds": report["seconds"],
+        "kept_tasks": [tasks[i] for i in keep]}
+    print(f"[trl_grpo] --grpo-filter {k}: {len(keep)} of {len(tasks)} train tasks solved "
+          f"sometimes ({phases['grpo_filter']['solved_never']} never, "
+          f"{phases['grpo_filter']['solved_always']} always)", flush=True)
+    if not keep:
+        phases["grpo_filter"]["note"] = ("no train task was solved sometimes but not always: "
+                                         "GRPO trains on all of them and gets no gradient")
+        return data
+    return data.select(keep)
 
 
 def _evaluate(args: argparse.Namespace, model, tok) -> dict:

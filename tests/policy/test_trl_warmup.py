@@ -275,8 +275,13 @@ def test_the_recipe_warms_up_then_runs_grpo_and_evaluates_both(tmp_path, capsys)
                      "--sft-batch", "1", "--max-steps", "1", "--batch", "2",
                      "--num-generations", "2", "--max-completion-length", "64", "--tasks", "2",
                      "--eval-tasks", "2", "--eval-envs", "2", "--out", str(tmp_path),
-                     "--tiny-set", "vocab_size=768", "hidden_size=32"])
+                     "--tiny-set", "vocab_size=768", "hidden_size=32", "--grpo-filter", "2"])
     assert set(s["stages"]) == {"sft", "grpo"}
+    f = s["phases"]["grpo_filter"]  # 2 sampled episodes of each of the 2 train tasks
+    assert f["tasks"] == 2 and f["episodes_per_task"] == 2
+    assert f["kept"] + f["solved_never"] + f["solved_always"] == 2
+    assert len(f["kept_tasks"]) == f["kept"]
+    assert f["kept"] or "no gradient" in f["note"]  # none left: said, not hidden
     for key in ("before", "after"):
         r = s[key]
         assert r["episodes"] == 2 and 0 <= r["true_success_rate"] <= 1
@@ -289,6 +294,16 @@ def test_the_recipe_warms_up_then_runs_grpo_and_evaluates_both(tmp_path, capsys)
     sizes = json.loads((tmp_path / "tiny_model" / "tiny_lm.json").read_text())
     assert sizes["vocab_size"] == 768 and sizes["hidden_size"] == 32
     assert s["settings"]["tiny_set"] == ["vocab_size=768", "hidden_size=32"]
+
+
+def test_grpo_filter_needs_two_episodes_per_task_and_the_warmup(capsys):
+    """``--grpo-filter K`` samples the SFT model: refused without ``--warmup`` or with K < 2
+    (a task solved in 0 < s < 1 episodes does not exist), before anything runs."""
+    recipe = _recipe()
+    for argv in (["--tiny", "--grpo-filter", "4"], ["--tiny", "--warmup", "--grpo-filter", "1"]):
+        with pytest.raises(SystemExit):
+            recipe.main(argv)
+        assert "--grpo-filter" in capsys.readouterr().err
 
 
 def _recipe():
