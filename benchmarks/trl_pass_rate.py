@@ -8,27 +8,55 @@ sometimes but not always, the only ones whose GRPO groups have an advantage to l
 
 Prints a JSON summary (success rate, valid tool calls, tasks with spread, failure causes).
 """
-import sys, json, time, collections
-from transformers import AutoTokenizer, AutoModelForCausalLM
-from digirl_lite.envs.sim.env import SimEnvFactory
-from digirl_lite.envs.sim.trl_warmup import ToolCallAgent, check_tool_template
-from digirl_lite.envs.sim.trl_tools import task_dataset
-from digirl_lite.rollout.fleet import SyncFleet
-from digirl_lite.train.evaluate import evaluate
-mdir, world, n, k, seed = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
-tok = check_tool_template(AutoTokenizer.from_pretrained(mdir))
-model = AutoModelForCausalLM.from_pretrained(mdir).eval()
-tasks = task_dataset(world, n=n, seed=seed)["task"]
-fleet = SyncFleet(SimEnvFactory(seed=seed, tasks=world, ui_tree=True), n_envs=8, backend="local", parallel_steps=False)
-agent = ToolCallAgent(model, tok, max_nodes=20, sample=True)
-t0 = time.time()
-rep, eps = evaluate(fleet, agent, [t for t in tasks for _ in range(k)], seed=20_000 + seed, n_tasks=None)
-fleet.close()
-succ = collections.Counter()
-for e in eps:
-    succ[e.trajectory.task] += bool(e.trajectory.true_success)
-per = {t: succ.get(t, 0) for t in tasks}
-spread = [t for t, s in per.items() if 0 < s < k]
-print(json.dumps({"success_rate": rep["success_rate"], "valid": agent.valid_share, "seconds": round(time.time()-t0),
-  "tasks_with_spread": len(spread), "all": sum(1 for s in per.values() if s == k), "none": sum(1 for s in per.values() if s == 0),
-  "spread_tasks": spread[:20], "failure_causes": rep.get("failure_causes")}, indent=1))
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import time
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("model", help="a tool-calling model directory (e.g. a run's sft/)")
+    ap.add_argument("world", choices=["webshop", "general"])
+    ap.add_argument("tasks", type=int, help="the first N train tasks in GRPO's order")
+    ap.add_argument("k", type=int, help="sampled episodes per task")
+    ap.add_argument("seed", type=int, help="the recipe's --seed (orders the tasks)")
+    ap.add_argument("--max-nodes", type=int, default=20)
+    args = ap.parse_args(argv)
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from digirl_lite.envs.sim.env import SimEnvFactory
+    from digirl_lite.envs.sim.trl_tools import task_dataset
+    from digirl_lite.envs.sim.trl_warmup import ToolCallAgent, check_tool_template
+    from digirl_lite.rollout.fleet import SyncFleet
+    from digirl_lite.train.evaluate import evaluate
+
+    tok = check_tool_template(AutoTokenizer.from_pretrained(args.model))
+    model = AutoModelForCausalLM.from_pretrained(args.model).eval()
+    tasks = task_dataset(args.world, n=args.tasks, seed=args.seed)["task"]
+    fleet = SyncFleet(SimEnvFactory(seed=args.seed, tasks=args.world, ui_tree=True), n_envs=8,
+                      backend="local", parallel_steps=False)
+    agent = ToolCallAgent(model, tok, max_nodes=args.max_nodes, sample=True)
+    t0 = time.time()
+    try:
+        report, episodes = evaluate(fleet, agent, [t for t in tasks for _ in range(args.k)],
+                                    seed=20_000 + args.seed, n_tasks=None)
+    finally:
+        fleet.close()
+    wins = collections.Counter(e.trajectory.task for e in episodes
+                               if e.trajectory.true_success)
+    spread = [t for t in tasks if 0 < wins[t] < args.k]
+    out = {"success_rate": report["true_success_rate"], "episodes": len(episodes),
+           "valid_tool_call_share": agent.valid_share, "seconds": round(time.time() - t0),
+           "tasks_solved_sometimes": len(spread),
+           "tasks_solved_always": sum(wins[t] == args.k for t in tasks),
+           "tasks_solved_never": sum(wins[t] == 0 for t in tasks),
+           "solved_sometimes": spread, "failure_causes": report.get("failure_causes")}
+    print(json.dumps(out, indent=1))
+    return out
+
+
+if __name__ == "__main__":
+    main()
