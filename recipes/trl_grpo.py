@@ -90,12 +90,14 @@ def main(argv: list[str] | None = None) -> dict:
     w.add_argument("--sft-varied", type=float, default=0.0,
                    help="share of expert episodes on a train task with a made-up product "
                         "(General: made-up names), so SFT teaches copying the task's words "
-                        "rather than typing the train list's")
+                        "rather than typing the train list's; a task drawn without a product "
+                        "or name stays as it is (summary.json counts the varied ones)")
     w.add_argument("--grpo-filter", type=int, default=0, metavar="K",
                    help="before GRPO, sample K episodes of each of the --tasks train tasks with "
                         "the SFT model (temperature 1) and train GRPO only on the tasks it "
                         "solved sometimes but not always: a group whose rollouts all fail (or "
-                        "all succeed) has no advantage and teaches nothing")
+                        "all succeed) has no advantage and teaches nothing (with none such, it "
+                        "trains on all and says so)")
     w.add_argument("--eval-tasks", type=int, default=32, help="held-out test tasks evaluated")
     w.add_argument("--eval-envs", type=int, default=8, help="phones the evaluation runs at once")
     w.add_argument("--tiny-set", nargs="*", default=[], metavar="SIZE=VALUE",
@@ -317,39 +319,49 @@ def evaluate_tool_model(model, tok, world: str = "webshop", n_tasks: int = 32,
     return report
 
 
+def task_pass_counts(model, tok, world: str, tasks: list[str], k: int, seed: int = 0,
+                     n_envs: int = 8, max_nodes: int = 40) -> tuple[list[int | None], dict]:
+    """``k`` episodes of each of ``tasks`` (train tasks, on the world's train phones) with the
+    model sampling at temperature 1: the successes per task
+    (:func:`~digirl_lite.envs.sim.trl_warmup.pass_counts`; None: not measured) and the
+    evaluation's summary."""
+    from digirl_lite.envs.sim.trl_warmup import pass_counts
+
+    episodes: list = []
+    report = evaluate_tool_model(model, tok, world, n_tasks=k * len(tasks), seed=seed,
+                                 n_envs=n_envs, max_nodes=max_nodes, sample=True,
+                                 tasks=[t for t in tasks for _ in range(k)], episodes=episodes)
+    return pass_counts(episodes, len(tasks), k), report
+
+
 def _filter_tasks(args: argparse.Namespace, model, tok, data, phases: dict):
     """``data``'s rows whose task the SFT model solved in some but not all of
     ``--grpo-filter`` sampled episodes (true success), the rest dropped and counted in
     ``phases["grpo_filter"]``. With none left, every row is kept and the phase says so:
     GRPO then gets no gradient (every group's advantage is 0), which the run reports rather
     than hides."""
-    from collections import Counter
-
     if isinstance(model, str):
         from transformers import AutoModelForCausalLM
 
         model = AutoModelForCausalLM.from_pretrained(model)
     k, tasks = args.grpo_filter, list(data["task"])
-    episodes: list = []
-    report = evaluate_tool_model(model, tok, args.world, n_tasks=k * len(tasks),
-                                 seed=args.seed + 1, n_envs=args.eval_envs,
-                                 max_nodes=args.max_nodes, sample=True,
-                                 tasks=[t for t in tasks for _ in range(k)],
-                                 episodes=episodes)
-    wins = Counter(e.trajectory.task for e in episodes if e.trajectory.true_success)
-    keep = [i for i, t in enumerate(tasks) if 0 < wins[t] < k]
+    wins, report = task_pass_counts(model, tok, args.world, tasks, k, seed=args.seed,
+                                    n_envs=args.eval_envs, max_nodes=args.max_nodes)
+    keep = [i for i, w in enumerate(wins) if w is not None and 0 < w < k]
     phases["grpo_filter"] = {
         "episodes_per_task": k, "tasks": len(tasks), "kept": len(keep),
-        "solved_always": sum(wins[t] == k for t in tasks),
-        "solved_never": sum(wins[t] == 0 for t in tasks),
+        "solved_always": sum(w == k for w in wins), "solved_never": sum(w == 0 for w in wins),
+        "not_measured": sum(w is None for w in wins),
         "success_rate": report["true_success_rate"], "seconds": report["seconds"],
         "kept_tasks": [tasks[i] for i in keep]}
+    f = phases["grpo_filter"]
     print(f"[trl_grpo] --grpo-filter {k}: {len(keep)} of {len(tasks)} train tasks solved "
-          f"sometimes ({phases['grpo_filter']['solved_never']} never, "
-          f"{phases['grpo_filter']['solved_always']} always)", flush=True)
+          f"sometimes ({f['solved_never']} never, {f['solved_always']} always, "
+          f"{f['not_measured']} not measured)", flush=True)
     if not keep:
-        phases["grpo_filter"]["note"] = ("no train task was solved sometimes but not always: "
-                                         "GRPO trains on all of them and gets no gradient")
+        f["note"] = ("no train task was solved sometimes but not always: GRPO trains on all "
+                     "of them and gets no gradient")
+        print(f"[trl_grpo] --grpo-filter: {f['note']}", flush=True)
         return data
     return data.select(keep)
 

@@ -200,6 +200,26 @@ def expert_conversations(world: str = "webshop", n: int = 64, seed: int = 0,
     return Dataset.from_list(rows), counts
 
 
+def pass_counts(episodes: Sequence[Any], n_tasks: int, k: int) -> list[int | None]:
+    """Successes (true) per task of an evaluation that ran each of ``n_tasks`` tasks ``k``
+    times in a row: episode ``j`` (the number its trajectory id ends with, as
+    :meth:`~digirl_lite.rollout.fleet.SyncFleet.collect` numbers them) is of task ``j // k``,
+    so tasks whose texts repeat (the Web Shopping train list's "Go to ...") count apart. A
+    task with fewer than ``k`` episodes back (the fleet gave one up to an infrastructure fault)
+    or one without a truth is None: not measured, rather than a count of failures."""
+    wins: list[int | None] = [0] * n_tasks
+    seen = [0] * n_tasks
+    for e in episodes:
+        j = int(e.trajectory.traj_id.rsplit("-", 1)[1]) // k
+        seen[j] += 1
+        truth = e.trajectory.true_success
+        if truth is None:
+            wins[j] = None
+        elif wins[j] is not None:
+            wins[j] += bool(truth)
+    return [w if n == k else None for w, n in zip(wins, seen)]
+
+
 def _mistake(call: dict[str, Any], shown: Sequence[Any], elsewhere: Sequence[str],
              rng: Any) -> dict[str, Any]:
     """A wrong call in place of the expert's ``call`` on a screen whose elements are
