@@ -154,7 +154,10 @@ def main(argv: list[str] | None = None) -> dict:
     phases: dict[str, dict] = {}
     if args.warmup:
         model = _sft(args, model, tok, out, phases)
-        stages["sft"] = _evaluate(args, model, tok)
+        from transformers import AutoModelForCausalLM
+
+        sft_model = AutoModelForCausalLM.from_pretrained(model)  # read once: evaluation, filter
+        stages["sft"] = _evaluate(args, sft_model, tok)
     server = None
     url = args.env_url
     if url is None:
@@ -166,7 +169,9 @@ def main(argv: list[str] | None = None) -> dict:
         tools = phone_tools(url, ui_tree_options={"max_nodes": args.max_nodes})
         data = task_dataset(args.world, n=args.tasks, seed=args.seed)
         if args.grpo_filter:
-            data = _filter_tasks(args, model, tok, data, phases)
+            data = _filter_tasks(args, sft_model, tok, data, phases)
+        if args.warmup:
+            del sft_model  # GRPO trains its own copy, read from the SFT directory
         cfg = GRPOConfig(
             output_dir=str(out / "trl"), max_steps=args.max_steps,
             per_device_train_batch_size=args.batch, num_generations=args.num_generations,
@@ -340,10 +345,6 @@ def _filter_tasks(args: argparse.Namespace, model, tok, data, phases: dict):
     ``phases["grpo_filter"]``. With none left, every row is kept and the phase says so:
     GRPO then gets no gradient (every group's advantage is 0), which the run reports rather
     than hides."""
-    if isinstance(model, str):
-        from transformers import AutoModelForCausalLM
-
-        model = AutoModelForCausalLM.from_pretrained(model)
     k, tasks = args.grpo_filter, list(data["task"])
     wins, report = task_pass_counts(model, tok, args.world, tasks, k, seed=args.seed,
                                     n_envs=args.eval_envs, max_nodes=args.max_nodes)
@@ -367,14 +368,10 @@ def _filter_tasks(args: argparse.Namespace, model, tok, data, phases: dict):
 
 
 def _evaluate(args: argparse.Namespace, model, tok) -> dict:
-    """Held-out success through the package's evaluation (a model or its directory), on
-    whole episodes: the phone's horizon ends them, not ``--max-completion-length`` (GRPO's
-    token budget for its training episodes; at its default of 256 tokens an evaluated
-    episode was cut after its first turns, every later step an invalid one)."""
-    if isinstance(model, str):
-        from transformers import AutoModelForCausalLM
-
-        model = AutoModelForCausalLM.from_pretrained(model)
+    """Held-out success through the package's evaluation, on whole episodes: the phone's
+    horizon ends them, not ``--max-completion-length`` (GRPO's token budget for its training
+    episodes; at its default of 256 tokens an evaluated episode was cut after its first
+    turns, every later step an invalid one)."""
     report = evaluate_tool_model(model, tok, args.world, n_tasks=args.eval_tasks,
                                  seed=args.seed, n_envs=args.eval_envs,
                                  max_nodes=args.max_nodes)
