@@ -68,10 +68,11 @@ def main(argv: list[str] | None = None) -> int:
             "before": s["before"], "after": s["after"], "phases": s["phases"],
             "grpo_log": s["rewards"], "infrastructure": s["infrastructure"],
             "settings": s["settings"], "command": s["command"]}
+    worlds = sorted({s["settings"]["world"] for s in per_seed.values()})
     result = {
         "what": "TRL SFT warm-up on the scripted expert's tool calls, then GRPO "
                 "(environment_factory, the served phone); held-out success by the package's "
-                "evaluation on the first eval_tasks Web Shopping test tasks (issue 51)",
+                f"evaluation on the first eval_tasks test tasks of {', '.join(worlds)} (issue 51)",
         "code": code, "extra_args": extra, "seeds": per_seed,
         "paired_true": paired(per_seed, "true_success_rate"),
         "paired_judged": paired(per_seed, "success_rate"),
