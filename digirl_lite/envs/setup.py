@@ -197,10 +197,10 @@ def task_list(cfg: Any, split: str) -> list[Any]:
     path = Path(path).expanduser() if path else data_dir() / "tasks" / f"{cfg.world}_{split}.txt"
     tasks = _read_tasks(cfg, path, "task_file" if split == "train" else "test_task_file")
     if split == "train" and getattr(cfg, "phrasing_share", 0.0):
-        from digirl_lite.envs.sim.phrasings import TRAIN_PHRASING_SETS, rephrase_tasks
+        from digirl_lite.envs.sim.phrasings import rephrase_train_tasks
 
-        tasks = rephrase_tasks(tasks, cfg.phrasing_share, cfg.seed,
-                               TRAIN_PHRASING_SETS[getattr(cfg, "train_phrasings", "base")])
+        tasks = rephrase_train_tasks(tasks, cfg.phrasing_share, cfg.seed,
+                                     getattr(cfg, "train_phrasings", "base"))
     return tasks
 
 

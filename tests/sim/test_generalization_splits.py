@@ -357,9 +357,25 @@ def test_unseen_phrasings_line_i_is_test_line_i_in_held_out_templates():
     assert sum(b[:1].islower() for b in split) > 0.4 * len(split)
 
 
+def _reads_back(phrasings) -> None:
+    """Each template of a General phrasing set on its own, first letter either case, reads
+    back: the app, or its train template's content words."""
+    from digirl_lite.envs.sim.phrasings import general_content_words
+
+    for t in phrasings.open:
+        assert parse_task(t.format(a="google maps")).app == "maps", t
+    for key, ts in phrasings.search.items():
+        names = ["Lyon", "Porto"][:key.count("{}")]
+        want = general_content_words(parse_task(key.format(*names)).query)
+        for t in ts:
+            for text in (t[:1].lower() + t[1:].format(*names),
+                         t[:1].upper() + t[1:].format(*names)):
+                task = parse_task(text)
+                assert task.kind == "search" and general_content_words(task.query) == want, t
+
+
 def test_no_held_out_general_template_is_in_the_train_list():
     from digirl_lite.envs.sim.phrasings import GENERAL_HELD_OUT_PHRASINGS as held
-    from digirl_lite.envs.sim.phrasings import general_content_words
 
     recipe = _recipe()
     train_templates = {t for _, t in recipe.SEARCH_TEMPLATES} | set(recipe.OPEN_TEMPLATES)
@@ -370,16 +386,57 @@ def test_no_held_out_general_template_is_in_the_train_list():
     for line in GENERAL["train"]:
         assert not line.lower().startswith(_HELD_OPENERS), line
         assert not any(_template_re(t).match(line) for t in templates), line
-    # each template on its own reads back: the app, or the train template's content words
-    for t in held.open:
-        assert parse_task(t.format(a="google maps")).app == "maps", t
-    for key, ts in held.search.items():
-        names = ["Lyon", "Porto"][:key.count("{}")]
-        want = general_content_words(parse_task(key.format(*names)).query)
-        for t in ts:
-            for text in (t.format(*names), t[:1].upper() + t[1:].format(*names)):
-                task = parse_task(text)
-                assert task.kind == "search" and general_content_words(task.query) == want, t
+    _reads_back(held)
+
+
+def test_the_general_train_phrasings_hold_no_held_out_opener_or_template_and_read_back():
+    """General's train phrasing set (``phrasing_share`` / ``sft_phrasing_share`` on General)
+    varies the verb and the asking; nothing of it is the held-out split's."""
+    from itertools import islice
+
+    from digirl_lite.envs.sim.drills import copy_drills
+    from digirl_lite.envs.sim.phrasings import GENERAL_HELD_OUT_PHRASINGS as held
+    from digirl_lite.envs.sim.phrasings import GENERAL_TRAIN_PHRASINGS as train
+    from digirl_lite.envs.sim.phrasings import general_content_words, rephrase_train_tasks
+    from digirl_lite.prompts import task_from_prompt
+
+    assert set(train.search) == set(held.search)  # every train search template, rephrased
+    templates = [*train.open, *(t for ts in train.search.values() for t in ts)]
+    held_templates = [*held.open, *(t for ts in held.search.values() for t in ts)]
+    assert not {t.lower() for t in templates} & {t.lower() for t in held_templates}
+    assert not [t for t in templates if t.lower().startswith(_HELD_OPENERS)]
+    assert {t.split()[0] for t in train.open} >= {"Run", "Fire", "Switch"}  # new verbs
+    _reads_back(train)
+
+    out = rephrase_train_tasks(GENERAL["train"], 1.0, seed=0)
+    assert sum(a != b for a, b in zip(GENERAL["train"], out)) > 0.9 * len(out)
+    drills = [task_from_prompt(p) for p, _ in
+              islice(copy_drills(seed=0, world="general", phrasing_share=1.0), 500)]
+    for line in [*out, *drills]:
+        assert not line.lower().startswith(_HELD_OPENERS), line
+        assert not any(_template_re(t).match(line) for t in held_templates), line
+    for a, b in zip(GENERAL["train"], out):
+        ta, tb = parse_task(a), parse_task(b)
+        assert ta.kind == tb.kind and ta.app == tb.app, (a, b)
+        if ta.kind == "search":
+            assert general_content_words(ta.query) == general_content_words(tb.query), (a, b)
+    assert rephrase_train_tasks(GENERAL["train"], 1.0, seed=0, name="wide") == GENERAL["train"]
+
+
+def test_general_phrasing_shares_reach_the_train_tasks_and_the_demonstrations():
+    """``phrasing_share`` on General rephrases that share of the run's train tasks, and
+    ``sft_phrasing_share`` the demonstrations', which the expert still solves."""
+    from digirl_lite.envs.setup import task_list
+    from digirl_lite.envs.sim.demos import generate_demos
+
+    cfg = sim_webshop(world="general", phrasing_share=0.5)
+    tasks = [t.text for t in task_list(cfg, "train")]
+    changed = sum(a != b for a, b in zip(GENERAL["train"], tasks))
+    assert len(tasks) == len(GENERAL["train"]) and 0.3 * len(tasks) < changed < 0.7 * len(tasks)
+    assert [t.text for t in task_list(sim_webshop(world="general"), "train")] == GENERAL["train"]
+    trajs, _, _ = generate_demos(world="general", n=12, seed=0, phrasing_share=1.0)
+    assert sum(t.task not in GENERAL["train"] for t in trajs) >= 9
+    assert sum(bool(t.true_success) for t in trajs) >= 11
 
 
 def test_the_general_split_files_are_what_build_task_sets_makes():

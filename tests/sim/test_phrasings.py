@@ -249,9 +249,10 @@ def test_phrasing_shares_are_checked():
             sim_webshop(**{name: 1.5})
     with pytest.raises(ConfigError, match="phrasing_share"):
         sim_webshop(env="android", phrasing_share=0.5)
-    for name in ("phrasing_share", "sft_phrasing_share"):  # General has no phrasings
-        with pytest.raises(ConfigError, match=f"{name}: the phrasings are Web Shopping's"):
-            sim_webshop(world="general", **{name: 0.5})
+    for name in ("phrasing_share", "sft_phrasing_share"):  # General has one set, "base"
+        assert getattr(sim_webshop(world="general", **{name: 0.5}), name) == 0.5
+        with pytest.raises(ConfigError, match="train_phrasings: General has one"):
+            sim_webshop(world="general", train_phrasings="wide", **{name: 0.5})
 
 
 @pytest.mark.slow

@@ -19,7 +19,7 @@ from digirl_lite.data.records import ScreenTable, Source, Trajectory
 from digirl_lite.envs.sim.agents import DEFAULT_SLIP_RATE, Copier, ScriptedExpert, SlippingExpert
 from digirl_lite.envs.sim.drills import vary_products, vary_queries
 from digirl_lite.envs.sim.env import SimPhoneEnv
-from digirl_lite.envs.sim.phrasings import TRAIN_PHRASING_SETS, rephrase_tasks
+from digirl_lite.envs.sim.phrasings import rephrase_train_tasks
 from digirl_lite.envs.sim.tasks import load_task_file
 from digirl_lite.envs.sim.world import Surprises
 from digirl_lite.paths import data_dir
@@ -67,10 +67,11 @@ def generate_demos(
     General: each search's names, :func:`~.drills.vary_queries`), as people searched for many more
     things than the train list names. ``slip_rate`` > 0: the demonstrator slips and
     recovers (:class:`~digirl_lite.envs.sim.agents.SlippingExpert`), so demonstrations hold
-    detours, as people's do. ``phrasing_share``: that share of the Web Shopping tasks
-    written with the train phrasings (:func:`~digirl_lite.envs.sim.phrasings.
-    rephrase_tasks`: "Search costco.com for ...", "look for ... at ebay.com and click the
-    first result"; ``phrasings`` names the set), as people phrase requests many ways.
+    detours, as people's do. ``phrasing_share``: that share of the tasks written
+    with the train phrasings (:func:`~digirl_lite.envs.sim.phrasings.rephrase_train_tasks`:
+    "Search costco.com for ...", "look for ... at ebay.com and click the first result"; on
+    General "Fire up the clock app", "Google the news in Lyon"; ``phrasings`` names the set),
+    as people phrase requests many ways.
     ``surprises``: the rates ``surprise_rate`` scales (None: :class:`Surprises`' defaults);
     ``layout``: the phone's dialogs (:data:`~digirl_lite.envs.sim.world.LAYOUTS`).
     ``popup_back_share``: that share of pop-ups the demonstrator closes with BACK rather
@@ -81,7 +82,7 @@ def generate_demos(
         if varied_products:
             tasks = (vary_queries if world == "general" else vary_products)(tasks, n, seed)
         if phrasing_share:
-            tasks = rephrase_tasks(tasks, phrasing_share, seed, TRAIN_PHRASING_SETS[phrasings])
+            tasks = rephrase_train_tasks(tasks, phrasing_share, seed, phrasings)
 
     def demonstrator(i: int):
         if slip_rate or popup_back_share:

@@ -14,7 +14,13 @@ from itertools import islice
 
 import numpy as np
 
-from digirl_lite.envs.sim.phrasings import TRAIN_PHRASING_SETS, rephrase, rephrase_tasks
+from digirl_lite.envs.sim.phrasings import (
+    GENERAL_TRAIN_PHRASING_SETS,
+    TRAIN_PHRASING_SETS,
+    rephrase,
+    rephrase_general,
+    rephrase_train_tasks,
+)
 from digirl_lite.envs.sim.tasks import UnsupportedTaskError, load_task_file, parse_task
 from digirl_lite.paths import data_dir
 from digirl_lite.prompts import build_prompt, task_from_prompt
@@ -127,14 +133,22 @@ def copy_drills(seed: int = 0, real_share: float = 0.35,
     a language model of product-like strings and mistyped every unseen product (0 of 64
     held-out searches). ``phrasing_share``: that share of the Web Shopping goals written with
     the train phrasings (``phrasings``: a name of :data:`~digirl_lite.envs.sim.phrasings.
-    TRAIN_PHRASING_SETS`), so the product is copied from wherever people put it."""
+    TRAIN_PHRASING_SETS`), so the product is copied from wherever people put it; General's
+    searches with :data:`~digirl_lite.envs.sim.phrasings.GENERAL_TRAIN_PHRASING_SETS`."""
     if world == "general":
         searches, words, names = _searches(load_task_file(data_dir() / "tasks" /
                                                           "general_train.txt"))
         rng = np.random.default_rng(seed)
+        if phrasing_share:
+            prng, general = random.Random(seed), GENERAL_TRAIN_PHRASING_SETS[phrasings]
         while True:
             text = _vary_query(searches[int(rng.integers(len(searches)))], rng, words, names,
                                real_share)
+            if phrasing_share and prng.random() < phrasing_share:
+                try:
+                    text = rephrase_general(text, general, prng)
+                except ValueError:  # a varied query no template writes: kept as it is
+                    pass
             yield build_prompt(text), parse_task(text).query
     tasks = [t for t in load_task_file(data_dir() / "tasks" / "webshop_train.txt")
              if _QUOTED.search(t)]
@@ -160,7 +174,7 @@ def extractor_pairs(world: str, share: float, phrasings: str, seed: int, drills:
     address: the product (a General search: its query)."""
     lines = load_task_file(data_dir() / "tasks" / f"{world}_train.txt")
     if share:
-        lines = rephrase_tasks(lines, share, seed, TRAIN_PHRASING_SETS[phrasings])
+        lines = rephrase_train_tasks(lines, share, seed, phrasings)
     pairs = []
     for line in lines:
         text = line if isinstance(line, str) else line.text

@@ -32,8 +32,10 @@ from digirl_lite.envs.sim.catalog import SITES
 from digirl_lite.envs.sim.tasks import TYPO_KEYWORDS, Task, UnsupportedTaskError, parse_task
 
 __all__ = ["Phrasings", "TRAIN_PHRASINGS", "WIDE_TRAIN_PHRASINGS", "TRAIN_PHRASING_SETS",
-           "HELD_OUT_PHRASINGS", "FINAL_PHRASINGS", "rephrase", "rephrase_tasks", "add_typo",
-           "GeneralPhrasings", "GENERAL_HELD_OUT_PHRASINGS", "GENERAL_FUNCTION_WORDS",
+           "HELD_OUT_PHRASINGS", "FINAL_PHRASINGS", "rephrase", "rephrase_tasks",
+           "rephrase_train_tasks", "add_typo",
+           "GeneralPhrasings", "GENERAL_HELD_OUT_PHRASINGS", "GENERAL_TRAIN_PHRASINGS",
+           "GENERAL_TRAIN_PHRASING_SETS", "GENERAL_FUNCTION_WORDS",
            "general_content_words", "rephrase_general"]
 
 
@@ -215,10 +217,13 @@ def rephrase(task: Task | str, phrasings: Phrasings, rng: random.Random) -> str:
 
 
 def rephrase_tasks(tasks: Sequence[str | Task], share: float, seed: int,
-                   phrasings: Phrasings = TRAIN_PHRASINGS) -> list:
+                   phrasings: Phrasings = TRAIN_PHRASINGS,
+                   general: GeneralPhrasings | None = None) -> list:
     """``tasks`` (instructions, or parsed tasks: each comes back as it went in) with about
     ``share`` of the Web Shopping ones rephrased (:func:`rephrase`; a parsed task keeps its
-    setup and teardown), deterministic from ``seed``; the order and the others unchanged."""
+    setup and teardown), deterministic from ``seed``; the order and the others unchanged.
+    ``general``: General's app openings and searches too (:func:`rephrase_general`; a line
+    none of its search templates writes stays as it is)."""
     if not 0.0 <= share <= 1.0:
         raise ValueError(f"share must be in [0, 1], got {share}")
     rng = random.Random(seed)
@@ -226,13 +231,30 @@ def rephrase_tasks(tasks: Sequence[str | Task], share: float, seed: int,
     for task in tasks:
         if rng.random() >= share:
             out.append(task)
-        elif isinstance(task, Task):
-            text = rephrase(task, phrasings, rng)
+            continue
+        t = task if isinstance(task, Task) else parse_task(task)
+        if general is not None and t.kind in ("open_app", "search"):
+            try:
+                text = rephrase_general(t, general, rng)
+            except ValueError:  # a line no template of the set writes
+                text = t.text
+        else:
+            text = rephrase(t, phrasings, rng)
+        if not isinstance(task, Task):
+            out.append(text)
+        else:
             out.append(replace(parse_task(text), setup=task.setup, teardown=task.teardown)
                        if text != task.text else task)
-        else:
-            out.append(rephrase(task, phrasings, rng))
     return out
+
+
+def rephrase_train_tasks(tasks: Sequence[str | Task], share: float, seed: int,
+                         name: str = "base") -> list:
+    """:func:`rephrase_tasks` with the train phrasing set ``name`` (``train_phrasings``):
+    Web Shopping's :data:`TRAIN_PHRASING_SETS` entry, and General's
+    :data:`GENERAL_TRAIN_PHRASING_SETS` entry where it has one (else General lines stay)."""
+    return rephrase_tasks(tasks, share, seed, TRAIN_PHRASING_SETS[name],
+                          GENERAL_TRAIN_PHRASING_SETS.get(name))
 
 
 # --------------------------------------------------------------------------------------------
@@ -345,6 +367,93 @@ Each search template keeps its train template's *content words*
 text typed) and "look up the weather in Edinburgh" (typed: "the weather in Edinburgh") both hold
 {weather, edinburgh}. :func:`rephrase_general` checks it on every line it writes."""
 
+GENERAL_TRAIN_PHRASINGS = GeneralPhrasings(
+    open=("Open {a}", "Open the {a} app", "Launch the {a}", "Launch the {a} application",
+          "Run {a}", "Run the {a} app", "Fire up {a}", "Fire up the {a} app", "Switch to {a}",
+          "Switch to the {a} app"),
+    search=_general_search(
+        (("What's the news in {}?",),
+         ("Search for the news in {}", "Google the news in {}", "What is the news in {}?",
+          "Find the news in {}")),
+        (("What is the capital of {}?", "Google the capital of {}"),
+         ("Search for the capital of {}", "What's the capital of {}?", "Find the capital of {}",
+          "Search the capital of {}")),
+        (("What's the population of {}?",),
+         ("Search for the population of {}", "Google the population of {}",
+          "What is the population of {}?", "Find the population of {}")),
+        (("What's the weather like in {}?",),
+         ("Search for the weather in {}", "Google the weather in {}",
+          "What is the weather in {}?", "How is the weather in {}?")),
+        (("Search for hotels in {}",),
+         ("Google hotels in {}", "Find hotels in {}", "Search hotels in {}")),
+        (("What time is it in {}?",),
+         ("Search for the time in {}", "Google the time in {}", "What's the time in {}?",
+          "Find the time in {}")),
+        (("What's a good restaurant in {}?",),
+         ("Search for a good restaurant in {}", "Google a good restaurant in {}",
+          "Find a good restaurant in {}", "Where is a good restaurant in {}?")),
+        (("How much does a 2 bedroom apartment rent for in {}?",),
+         ("Search for 2 bedroom apartment rent in {}",
+          "Google the rent for a 2 bedroom apartment in {}",
+          "What is the rent for a 2 bedroom apartment in {}?")),
+        (("How much does a 3 bedroom apartment rent for in {}?",),
+         ("Search for 3 bedroom apartment rent in {}",
+          "Google the rent for a 3 bedroom apartment in {}",
+          "What is the rent for a 3 bedroom apartment in {}?")),
+        (("Search for flights from {} to {}",),
+         ("Google flights from {} to {}", "Find flights from {} to {}",
+          "Search flights from {} to {}")),
+        (("What's on the menu at {}?",),
+         ("Search for the menu at {}", "Google the menu at {}", "What is on the menu at {}?")),
+        (("What time does {} close?",),
+         ("Search for what time {} will close", "Google what time {} will close",
+          "What time will {} close?")),
+        (("How do I get to the nearest {}?",),
+         ("Search for how to get to the nearest {}", "Google how to get to the nearest {}",
+          "How can I get to the nearest {}?")),
+        (("Find the nearest {}",),
+         ("Search for the nearest {}", "Google the nearest {}", "Where is the nearest {}?")),
+        (("Where can I buy a nice {}?",),
+         ("Search for where to buy a nice {}", "Google where to buy a nice {}",
+          "Where do I buy a nice {}?")),
+        (("Search for a new {}",),
+         ("Google a new {}", "Find a new {}", "Search a new {}")),
+        (("Search for good {} restaurants",),
+         ("Google good {} restaurants", "Find good {} restaurants", "Search good {} restaurants")),
+        (("What's a good {} recipe for dinner?",),
+         ("Search for a good {} recipe for dinner", "Google a good {} recipe for dinner",
+          "Find a good {} recipe for dinner")),
+        (("What's the latest news in {}?",),
+         ("Search for the latest news in {}", "Google the latest news in {}",
+          "What is the latest news in {}?")),
+        (("How big is {}?",),
+         ("Search for how big {} is", "Google how big {} is", "Find how big {} is")),
+        (("How far away is {}?",),
+         ("Search for how far away {} is", "Google how far away {} is",
+          "Find how far away {} is")),
+        (("What's the price of the {}?",),
+         ("Search for the price of the {}", "Google the price of the {}",
+          "What is the price of the {}?")),
+        (("How much does the {} cost?",),
+         ("Search for the cost of the {}", "Google the cost of the {}",
+          "What does the {} cost?")),
+    ),
+    lower_p=0.3,
+)
+"""What the training may read of General written other ways (``phrasing_share`` and
+``sft_phrasing_share`` on ``world`` "general"; :func:`rephrase_tasks` with ``general``): the
+train list's apps opened with "Run", "Fire up" and "Switch to" as well as "Open" and
+"Launch", with and without "the ... app", and its searches asked with "Search for", "Search",
+"Google", "Find" or another question word than the train line's, some lower case. So the
+policy sees that the verb varies and the app's name or the search's content words do not.
+Kept apart from :data:`GENERAL_HELD_OUT_PHRASINGS` by rule: no held-out opener ("start",
+"look up", "tell me", "show me", "can you", "do you know", "which") and no held-out template
+(``tests/sim/test_phrasings.py`` checks). Every template keeps its train template's content
+words and reads back to the same task (:func:`rephrase_general` checks each line it writes)."""
+
+GENERAL_TRAIN_PHRASING_SETS = {"base": GENERAL_TRAIN_PHRASINGS}
+"""The General train phrasing sets ``train_phrasings`` may name on ``world`` "general"."""
+
 GENERAL_FUNCTION_WORDS = frozenset(
     "a an the what what's which where when how is it in of for to from at on does do will i me "
     "you can tell show look up find get like much know".split())
@@ -352,8 +461,8 @@ GENERAL_FUNCTION_WORDS = frozenset(
 prepositions, auxiliaries, pronouns and the asking verbs ("tell me", "do you know", "look up",
 "find", "get to"). Every other word of a query is a content word."""
 
-_GENERAL_OPEN = re.compile(r"^(?:open|launch|start)\s+(?:the\s+)?(?P<name>.+?)(?:\s+app)?$",
-                           re.I)
+_GENERAL_OPEN = re.compile(r"^(?:open|launch|start|run|fire\s+up|switch\s+to)\s+(?:the\s+)?"
+                           r"(?P<name>.+?)(?:\s+app)?$", re.I)
 
 
 def general_content_words(query: str) -> frozenset[str]:

@@ -358,7 +358,8 @@ def _known_site(domain: str, text: str) -> str:
 # General: open an app, search Google, or say what is not simulated
 # --------------------------------------------------------------------------------------------
 
-_OPEN = re.compile(r"^(?:open|launch|start)\s+(?P<target>.+)$", re.I | re.S)
+_OPEN = re.compile(r"^(?:open|launch|start|run|fire\s+up|switch\s+to)\s+(?P<target>.+)$",
+                   re.I | re.S)
 _CHROME_TABS = re.compile(r"^(?:a\s+)?new\b.*\b(?:tab|window)s?\b", re.I | re.S)
 
 # Activities the simulator does not model, checked in order before the search rule.

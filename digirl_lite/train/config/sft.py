@@ -46,8 +46,8 @@ class StartingPolicyConfig:
     """Per-step slips in the demonstrations (a wrong tap, then a recovery:
     :class:`~digirl_lite.envs.sim.agents.SlippingExpert`); 0: clean demonstrations."""
     sft_phrasing_share: float = 0.0
-    """Share of the Web Shopping demonstrations and copy drills written with the train
-    phrasings (``train_phrasings``); 0: AitW's one phrasing."""
+    """Share of the demonstrations and copy drills written with the train phrasings
+    (``train_phrasings``; General's too); 0: AitW's one phrasing."""
     sft_copy_updates: int = 1500
     """Copy drills before SFT (``envs.sim.drills.copy_drills``, batch ``sft_batch``), standing
     in for a real Auto-UI's pre-training. 0: none."""

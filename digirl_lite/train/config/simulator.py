@@ -20,11 +20,13 @@ class SimulatorConfig:
     """The simulated phone the run practises and is evaluated on."""
 
     phrasing_share: float = 0.0
-    """Share of the Web Shopping train tasks (pile and online phase) written with the train
-    phrasings instead of AitW's one, fixed by ``seed``; 0: the list as written."""
+    """Share of the train tasks (pile and online phase) written with the train phrasings
+    instead of AitW's one, fixed by ``seed``; 0: the list as written. General's are
+    ``envs.sim.phrasings.GENERAL_TRAIN_PHRASINGS``: other opening verbs, other ways to ask."""
     train_phrasings: str = "base"
     """The train phrasing set ``phrasing_share`` and ``sft_phrasing_share`` write with:
-    "base" (12 templates) or "wide" (34); neither holds a held-out phrasing."""
+    "base" (12 templates) or "wide" (34); neither holds a held-out phrasing. General has
+    "base" only."""
     day: int = 1
     """The phone's drift day when the run starts (1: the layout the demonstrations and the
     pile were recorded on; days 2..14 redesign one part after another)."""
@@ -97,10 +99,10 @@ def _check_phrasings(cfg: Any, phrasing_sets: tuple[str, ...]) -> None:
     for name in ("sft_phrasing_share", "phrasing_share"):
         if not 0 <= getattr(cfg, name) <= 1:
             raise ValueError(f"{name} must be a share in [0, 1], got {getattr(cfg, name)}")
-    for name in ("sft_phrasing_share", "phrasing_share"):
-        if getattr(cfg, name) and cfg.world != "webshop":
-            raise ConfigError(f"{name}: the phrasings are Web Shopping's; world "
-                              f"{cfg.world!r} has none (set it to 0)")
+    if cfg.world == "general" and cfg.train_phrasings != "base" and \
+            (cfg.phrasing_share or cfg.sft_phrasing_share):
+        raise ConfigError(f"train_phrasings: General has one train phrasing set, 'base'; "
+                          f"got {cfg.train_phrasings!r}")
     if cfg.train_phrasings not in phrasing_sets:
         raise ConfigError(f"train_phrasings must be one of "
                           f"{', '.join(phrasing_sets)}, got {cfg.train_phrasings!r}")
