@@ -139,12 +139,13 @@ def copy_drills(seed: int = 0, real_share: float = 0.35,
         searches, words, names = _searches(load_task_file(data_dir() / "tasks" /
                                                           "general_train.txt"))
         rng = np.random.default_rng(seed)
-        if phrasing_share:
-            prng, general = random.Random(seed), GENERAL_TRAIN_PHRASING_SETS[phrasings]
+        # a set without a General entry ("wide", the span extractor's) leaves General as is
+        general = GENERAL_TRAIN_PHRASING_SETS.get(phrasings) if phrasing_share else None
+        prng = random.Random(seed)
         while True:
             text = _vary_query(searches[int(rng.integers(len(searches)))], rng, words, names,
                                real_share)
-            if phrasing_share and prng.random() < phrasing_share:
+            if general is not None and prng.random() < phrasing_share:
                 try:
                     text = rephrase_general(text, general, prng)
                 except ValueError:  # a varied query no template writes: kept as it is
