@@ -21,12 +21,10 @@ class SimulatorConfig:
 
     phrasing_share: float = 0.0
     """Share of the train tasks (pile and online phase) written with the train phrasings
-    instead of AitW's one, fixed by ``seed``; 0: the list as written. General's are
-    ``envs.sim.phrasings.GENERAL_TRAIN_PHRASINGS``: other opening verbs, other ways to ask."""
+    instead of AitW's one, fixed by ``seed`` (both worlds); 0: the list as written."""
     train_phrasings: str = "base"
     """The train phrasing set ``phrasing_share`` and ``sft_phrasing_share`` write with:
-    "base" (12 templates) or "wide" (34); neither holds a held-out phrasing. General has
-    "base" only."""
+    "base" (12 templates; General's own) or "wide" (34, Web Shopping only); no held-out one."""
     day: int = 1
     """The phone's drift day when the run starts (1: the layout the demonstrations and the
     pile were recorded on; days 2..14 redesign one part after another)."""
