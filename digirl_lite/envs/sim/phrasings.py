@@ -29,7 +29,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from digirl_lite.envs.sim.catalog import SITES
-from digirl_lite.envs.sim.tasks import TYPO_KEYWORDS, Task, UnsupportedTaskError, parse_task
+from digirl_lite.envs.sim.tasks import (
+    OPEN_VERBS,
+    TYPO_KEYWORDS,
+    Task,
+    UnsupportedTaskError,
+    parse_task,
+)
 
 __all__ = ["Phrasings", "TRAIN_PHRASINGS", "WIDE_TRAIN_PHRASINGS", "TRAIN_PHRASING_SETS",
            "HELD_OUT_PHRASINGS", "FINAL_PHRASINGS", "rephrase", "rephrase_tasks",
@@ -448,8 +454,9 @@ train list's apps opened with "Run", "Fire up" and "Switch to" as well as "Open"
 policy sees that the verb varies and the app's name or the search's content words do not.
 Kept apart from :data:`GENERAL_HELD_OUT_PHRASINGS` by rule: no held-out opener ("start",
 "look up", "tell me", "show me", "can you", "do you know", "which") and no held-out template
-(``tests/sim/test_phrasings.py`` checks). Every template keeps its train template's content
-words and reads back to the same task (:func:`rephrase_general` checks each line it writes)."""
+(``tests/sim/test_generalization_splits.py`` checks). Every template keeps its train
+template's content words and reads back to the same task (:func:`rephrase_general` checks
+each line it writes)."""
 
 GENERAL_TRAIN_PHRASING_SETS = {"base": GENERAL_TRAIN_PHRASINGS}
 """The General train phrasing sets ``train_phrasings`` may name on ``world`` "general"."""
@@ -461,8 +468,7 @@ GENERAL_FUNCTION_WORDS = frozenset(
 prepositions, auxiliaries, pronouns and the asking verbs ("tell me", "do you know", "look up",
 "find", "get to"). Every other word of a query is a content word."""
 
-_GENERAL_OPEN = re.compile(r"^(?:open|launch|start|run|fire\s+up|switch\s+to)\s+(?:the\s+)?"
-                           r"(?P<name>.+?)(?:\s+app)?$", re.I)
+_GENERAL_OPEN = re.compile(rf"^{OPEN_VERBS}\s+(?:the\s+)?(?P<name>.+?)(?:\s+app)?$", re.I)
 
 
 def general_content_words(query: str) -> frozenset[str]:

@@ -358,8 +358,9 @@ def _known_site(domain: str, text: str) -> str:
 # General: open an app, search Google, or say what is not simulated
 # --------------------------------------------------------------------------------------------
 
-_OPEN = re.compile(r"^(?:open|launch|start|run|fire\s+up|switch\s+to)\s+(?P<target>.+)$",
-                   re.I | re.S)
+OPEN_VERBS = r"(?:open|launch|start|run|fire\s+up|switch\s+to)"
+"""The verbs a General instruction opens an app with (a regex group; the phrasings' too)."""
+_OPEN = re.compile(rf"^{OPEN_VERBS}\s+(?P<target>.+)$", re.I | re.S)
 _CHROME_TABS = re.compile(r"^(?:a\s+)?new\b.*\b(?:tab|window)s?\b", re.I | re.S)
 
 # Activities the simulator does not model, checked in order before the search rule.
