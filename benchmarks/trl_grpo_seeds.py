@@ -1,7 +1,7 @@
 """TRL's SFT warm-up then GRPO on the simulated phone, per seed: held-out success before
 (after SFT) and after GRPO, the paired difference's 95% t-interval (issue 51).
 
-    python benchmarks/trl_grpo_seeds.py --seeds 0 1 2 -- --max-steps 20 --eval-tasks 32
+    python benchmarks/trl_grpo_seeds.py --seeds 0 1 2       # the recipe's --tiny --warmup setting
 
 Runs ``recipes/trl_grpo.py --tiny --warmup --seed S --out runs/trl_grpo_seeds/seed_S`` plus
 the arguments after ``--`` once per seed (one after the other), then writes

@@ -12,6 +12,7 @@ server's judge). The prompts are the world's training instructions
 
     python recipes/trl_grpo.py --tiny --max-steps 2            # a tiny random Qwen3, CPU
     python recipes/trl_grpo.py --tiny --warmup                 # SFT warm-up, then GRPO (issue 51)
+                                                    # (the measured setting: about 25 min)
     python recipes/trl_grpo.py --model /path/to/Qwen3-0.6B --max-steps 200 \\
         --num-generations 8 --batch 8 --max-completion-length 2048
 
@@ -36,6 +37,10 @@ advantage to learn from; their counts are in ``summary.json``).
 An episode an infrastructure fault ended (server error, lost session) gets no reward: TRL
 leaves it out of its group (a start is retried once on a new connection); ``summary.json``
 counts them. A ``--model`` whose chat template cannot write tool calls is refused first.
+``--tiny --warmup`` runs the setting measured on 3 seeds (:data:`TINY_WARMUP`: General, a
+wider tiny model, 256 expert episodes with ways back, 600 SFT steps, ``--grpo-filter 4``, 10
+GRPO steps of 8 x 8 rollouts); any argument given replaces its entry. Every other run starts
+from :data:`BASE` (a smoke run's sizes; a ``--model``'s settings are the user's to give).
 With ``--tiny --warmup`` the tiny model's tokenizer is also trained on the SFT chats' text,
 and ``--tiny-set`` changes its sizes (e.g. ``--tiny-set vocab_size=2048 hidden_size=128
 intermediate_size=512``).
@@ -52,8 +57,27 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
+BASE: dict = {
+    "world": "webshop", "tasks": 64, "max_steps": 2, "batch": 2, "num_generations": 2,
+    "max_completion_length": 256, "max_nodes": 40, "learning_rate": 1e-6, "beta": 0.0,
+    "sft_episodes": 64, "sft_steps": 200, "sft_batch": 4, "sft_learning_rate": 1e-3,
+    "sft_recovery": 0.0, "grpo_filter": 0, "tiny_set": []}
+"""Defaults of every run but ``--tiny --warmup`` (a smoke run's; ``--model``'s start)."""
 
-def main(argv: list[str] | None = None) -> dict:
+TINY_WARMUP: dict = {
+    "world": "general", "tasks": 48, "max_steps": 10, "batch": 8, "num_generations": 8,
+    "max_completion_length": 2560, "max_nodes": 20, "learning_rate": 1e-4, "beta": 0.04,
+    "sft_episodes": 256, "sft_steps": 600, "sft_batch": 1, "sft_learning_rate": 3e-3,
+    "sft_recovery": 0.5, "grpo_filter": 4, "tiny_set": ["hidden_size=128", "vocab_size=2048"]}
+"""``--tiny --warmup``'s defaults: the setting measured on 3 seeds
+(``benchmarks/results/trl_grpo.json``, docs/ecosystem.md), chosen by the pilots there; an
+argument given on the command line replaces its entry."""
+
+
+def parse_args(argv: list[str] | None = None) -> tuple[argparse.ArgumentParser,
+                                                        argparse.Namespace]:
+    """The parser and the arguments, each unset one filled from :data:`TINY_WARMUP` (with
+    ``--tiny --warmup``) or :data:`BASE`; ``args.defaults`` names which."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default="runs/trl_grpo")
     src = ap.add_mutually_exclusive_group(required=True)
@@ -62,29 +86,30 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--env-url", default=None,
                     help="a running server (python -m digirl_lite.envs.sim.openenv --ui-tree); "
                          "default: start one here")
-    ap.add_argument("--world", choices=["webshop", "general"], default="webshop")
-    ap.add_argument("--tasks", type=int, default=64, help="training instructions (prompts)")
+    ap.add_argument("--world", choices=["webshop", "general"], default=None,
+                    help="default webshop (--tiny --warmup: general)")
+    ap.add_argument("--tasks", type=int, default=None, help="training instructions (prompts)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--max-steps", type=int, default=2, help="GRPO training steps")
-    ap.add_argument("--batch", type=int, default=2, help="per-device train batch size")
-    ap.add_argument("--num-generations", type=int, default=2, help="rollouts per prompt (G)")
-    ap.add_argument("--max-completion-length", type=int, default=256,
+    ap.add_argument("--max-steps", type=int, default=None, help="GRPO training steps")
+    ap.add_argument("--batch", type=int, default=None, help="per-device train batch size")
+    ap.add_argument("--num-generations", type=int, default=None, help="rollouts per prompt (G)")
+    ap.add_argument("--max-completion-length", type=int, default=None,
                     help="tokens of the whole multi-turn episode (model turns + screens)")
     ap.add_argument("--max-tool-calls", type=int, default=20,
                     help="tool calls per episode (the phone's own budget H ends it too)")
-    ap.add_argument("--max-nodes", type=int, default=40, help="screen lines shown per step")
-    ap.add_argument("--learning-rate", type=float, default=1e-6)
-    ap.add_argument("--beta", type=float, default=0.0,
+    ap.add_argument("--max-nodes", type=int, default=None, help="screen lines shown per step")
+    ap.add_argument("--learning-rate", type=float, default=None)
+    ap.add_argument("--beta", type=float, default=None,
                     help="KL coefficient against the start (TRL's default 0.0)")
     ap.add_argument("--temperature", type=float, default=1.0, help="GRPO's sampling temperature")
     w = ap.add_argument_group("SFT warm-up and held-out evaluation (--warmup)")
     w.add_argument("--warmup", action="store_true",
                    help="SFT on the expert's tool calls first; evaluate before and after GRPO")
-    w.add_argument("--sft-episodes", type=int, default=64, help="expert episodes to imitate")
-    w.add_argument("--sft-steps", type=int, default=200, help="SFT optimizer steps")
-    w.add_argument("--sft-batch", type=int, default=4)
-    w.add_argument("--sft-learning-rate", type=float, default=1e-3)
-    w.add_argument("--sft-recovery", type=float, default=0.0,
+    w.add_argument("--sft-episodes", type=int, default=None, help="expert episodes to imitate")
+    w.add_argument("--sft-steps", type=int, default=None, help="SFT optimizer steps")
+    w.add_argument("--sft-batch", type=int, default=None)
+    w.add_argument("--sft-learning-rate", type=float, default=None)
+    w.add_argument("--sft-recovery", type=float, default=None,
                    help="share of expert episodes with one mistake put in; SFT trains on the "
                         "expert's way back from it, never on the mistake")
     w.add_argument("--sft-varied", type=float, default=0.0,
@@ -92,7 +117,7 @@ def main(argv: list[str] | None = None) -> dict:
                         "(General: made-up names), so SFT teaches copying the task's words "
                         "rather than typing the train list's; a task drawn without a product "
                         "or name stays as it is (summary.json counts the varied ones)")
-    w.add_argument("--grpo-filter", type=int, default=0, metavar="K",
+    w.add_argument("--grpo-filter", type=int, default=None, metavar="K",
                    help="before GRPO, sample K episodes of each of the --tasks train tasks with "
                         "the SFT model (temperature 1) and train GRPO only on the tasks it "
                         "solved sometimes but not always: a group whose rollouts all fail (or "
@@ -100,18 +125,27 @@ def main(argv: list[str] | None = None) -> dict:
                         "trains on all and says so)")
     w.add_argument("--eval-tasks", type=int, default=32, help="held-out test tasks evaluated")
     w.add_argument("--eval-envs", type=int, default=8, help="phones the evaluation runs at once")
-    w.add_argument("--tiny-set", nargs="*", default=[], metavar="SIZE=VALUE",
+    w.add_argument("--tiny-set", nargs="*", default=None, metavar="SIZE=VALUE",
                    help="--tiny model sizes to change (of make_tiny_chat_lm's TINY_LM: "
                         "hidden_size, intermediate_size, num_hidden_layers, num_attention_heads, "
                         "num_key_value_heads, vocab_size); with --warmup its tokenizer is also "
                         "trained on the SFT chats' text")
     args = ap.parse_args(argv)
-    from digirl_lite.train.cli import parse_assignments
-
-    tiny_sizes = parse_assignments(args.tiny_set, "--tiny-set", "SIZE")
+    args.defaults = "tiny_warmup" if args.tiny and args.warmup else "base"
+    for k, v in (TINY_WARMUP if args.defaults == "tiny_warmup" else BASE).items():
+        if getattr(args, k) is None:  # what the command line gave wins
+            setattr(args, k, v)
     if args.grpo_filter and (args.grpo_filter < 2 or not args.warmup):
         ap.error("--grpo-filter K: K >= 2 episodes per task, and with --warmup (it samples "
                  f"the SFT model), got {args.grpo_filter}")
+    return ap, args
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap, args = parse_args(argv)
+    from digirl_lite.train.cli import parse_assignments
+
+    tiny_sizes = parse_assignments(args.tiny_set, "--tiny-set", "SIZE")
 
     try:
         from trl import GRPOConfig, GRPOTrainer
@@ -218,6 +252,7 @@ def main(argv: list[str] | None = None) -> dict:
             "temperature", "warmup", "sft_episodes", "sft_steps", "sft_batch",
             "sft_learning_rate", "sft_recovery", "sft_varied", "grpo_filter", "eval_tasks",
             "tiny_set")},
+        "defaults": args.defaults,
         "omp_threads": os.environ.get("OMP_NUM_THREADS"),
     }
     if args.warmup:

@@ -6,6 +6,7 @@ counted); and the recipe's ``--tiny --warmup`` runs both phases with held-out ev
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from needs import optional_import
@@ -317,6 +318,27 @@ def test_pass_counts_count_each_task_by_its_place_not_its_text():
     assert pass_counts(runs, 3, 3) == [None, 3, 0]  # an episode with no truth
 
 
+def test_tiny_warmup_runs_the_setting_the_3_seed_table_measured():
+    """``--tiny --warmup`` with nothing else is the setting of every seed of
+    ``benchmarks/results/trl_grpo.json`` (the table the docs quote); an argument given wins;
+    a smoke run (``--tiny``) and a ``--model`` keep the base defaults."""
+    recipe = _recipe()
+    table = json.loads((Path(__file__).resolve().parents[2] / "benchmarks" / "results"
+                        / "trl_grpo.json").read_text())
+    _, args = recipe.parse_args(["--tiny", "--warmup"])
+    assert args.defaults == "tiny_warmup"
+    for seed, run in table["seeds"].items():
+        differ = {k: (v, getattr(args, k)) for k, v in run["settings"].items()
+                  if k != "seed" and getattr(args, k) != v}
+        assert not differ, f"seed {seed}'s setting is not the default: {differ}"
+    _, args = recipe.parse_args(["--tiny", "--warmup", "--world", "webshop", "--sft-steps", "7"])
+    assert (args.world, args.sft_steps, args.sft_batch) == ("webshop", 7, 1)
+    for argv in (["--tiny"], ["--model", "some/dir", "--warmup"]):
+        _, args = recipe.parse_args(argv)
+        assert args.defaults == "base"
+        assert {k: getattr(args, k) for k in recipe.BASE} == recipe.BASE
+
+
 def test_grpo_filter_needs_two_episodes_per_task_and_the_warmup(capsys):
     """``--grpo-filter K`` samples the SFT model: refused without ``--warmup`` or with K < 2
     (a task solved in 0 < s < 1 episodes does not exist), before anything runs."""
@@ -329,7 +351,6 @@ def test_grpo_filter_needs_two_episodes_per_task_and_the_warmup(capsys):
 
 def _recipe():
     import importlib.util
-    from pathlib import Path
 
     path = Path(__file__).resolve().parents[2] / "recipes" / "trl_grpo.py"
     spec = importlib.util.spec_from_file_location("trl_grpo", path)
