@@ -78,7 +78,9 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.ArgumentParser,
                                                         argparse.Namespace]:
     """The parser and the arguments, each unset one filled from :data:`TINY_WARMUP` (with
     ``--tiny --warmup``) or :data:`BASE`; ``args.defaults`` names which."""
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        epilog=f"Unset arguments: with --tiny --warmup {TINY_WARMUP}; otherwise {BASE}.")
     ap.add_argument("--out", default="runs/trl_grpo")
     src = ap.add_mutually_exclusive_group(required=True)
     src.add_argument("--model", help="a local causal LM checkpoint directory")
