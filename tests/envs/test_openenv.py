@@ -257,3 +257,38 @@ def test_run_as_a_file_it_says_to_run_it_as_a_module():
     out = subprocess.run([sys.executable, str(ROOT / "digirl_lite/envs/sim/openenv.py")],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 1 and "python -m digirl_lite.envs.sim.openenv" in out.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_a_server_ends_when_the_process_that_started_it_is_killed(oe, tmp_path):
+    """A trainer killed by SIGKILL (no ``stop``, no ``with`` exit) leaves no served phone
+    behind: the child gets SIGTERM when its parent dies."""
+    script = ("import sys, time\n"
+              "from digirl_lite.envs.sim.openenv import LocalServer\n"
+              f"s = LocalServer(['--log-level', 'warning'], log={str(tmp_path / 'srv.log')!r}, "
+              f"start_timeout_s={START_TIMEOUT_S})\n"
+              "print(s.proc.pid, flush=True)\n"
+              "time.sleep(600)\n")
+    parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        server_pid = int(parent.stdout.readline())
+        os.kill(server_pid, 0)  # it is running
+    finally:
+        parent.kill()
+        parent.wait(timeout=10)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            os.kill(server_pid, 0)
+        except ProcessLookupError:
+            return
+        try:  # reaped by init, or a zombie of ours? it is not our child: only lookup tells
+            with open(f"/proc/{server_pid}/stat") as f:
+                if f.read().split(") ")[-1].startswith("Z"):
+                    return
+        except FileNotFoundError:
+            return
+        time.sleep(0.2)
+    os.kill(server_pid, 9)  # ours to end: this test started it
+    raise AssertionError(f"the server {server_pid} outlived the process that started it")

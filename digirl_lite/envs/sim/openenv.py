@@ -474,7 +474,8 @@ class _QuietClose:
 class LocalServer:
     """``python -m digirl_lite.envs.sim.openenv`` started as a child process on 127.0.0.1 (a
     free port unless given), ready when ``/health`` answers; stopped (this process only, by
-    its pid) on :meth:`stop` or at the end of a ``with`` block. ``args``: the command's own
+    its pid) on :meth:`stop` or at the end of a ``with`` block, and on Linux when this
+    process dies, however it dies. ``args``: the command's own
     (``["--ui-tree", "--no-screenshot"]`` ...).
 
         with LocalServer(["--ui-tree"]) as server:
@@ -491,6 +492,8 @@ class LocalServer:
 
         import requests
 
+        from digirl_lite.envs.sim.serve.processes import ends_with_parent
+
         if port is None:
             import socket
 
@@ -504,7 +507,8 @@ class LocalServer:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "digirl_lite.envs.sim.openenv", "--host", "127.0.0.1",
                  "--port", str(port), *(args or [])], stdout=out, stderr=subprocess.STDOUT,
-                env={**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")})
+                env={**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")},
+                preexec_fn=ends_with_parent())  # a killed trainer leaves no server behind
         deadline = time.monotonic() + start_timeout_s
         while True:
             if self.proc.poll() is not None:

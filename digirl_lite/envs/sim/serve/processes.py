@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["PhoneProcess", "spawn_phones", "URL_LINE"]
+__all__ = ["PhoneProcess", "spawn_phones", "URL_LINE", "ends_with_parent"]
 
 URL_LINE = "digirl-sim-phone listening on "
 """The start of the one line the server prints; the URL follows."""
@@ -101,6 +101,26 @@ def _read_urls(procs: list[subprocess.Popen], deadline: float) -> list[str | Non
     return urls
 
 
+def ends_with_parent() -> Any:
+    """A ``preexec_fn`` for ``subprocess.Popen`` that makes the child end (SIGTERM) when the
+    process that started it dies, even by SIGKILL, so a served phone is never left behind
+    (Linux's ``PR_SET_PDEATHSIG``; None elsewhere: the child is then ended only by
+    ``close``/``stop``)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    parent = os.getpid()
+
+    def preexec() -> None:
+        import ctypes
+        import signal
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        if os.getppid() != parent:  # the parent died before the line above
+            os._exit(1)
+
+    return preexec
+
+
 def spawn_phones(n: int, world: str = "webshop", seed: int = 0, *, timeout_s: float = 60.0,
                  ports: Sequence[int] | None = None, **kw: Any) -> list[PhoneProcess]:
     """Start ``n`` served phones, each in its own process on a free port.
@@ -139,7 +159,8 @@ def spawn_phones(n: int, world: str = "webshop", seed: int = 0, *, timeout_s: fl
         argv = [sys.executable, "-m", "digirl_lite.envs.sim.serve", "--port", port,
                 "--world", world, "--seed", str(seed + i), *extra]
         errs.append(tempfile.TemporaryFile())
-        procs.append(subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=errs[-1], env=env))
+        procs.append(subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=errs[-1], env=env,
+                                      preexec_fn=ends_with_parent()))
     urls = _read_urls(procs, time.monotonic() + timeout_s)
     phones = [PhoneProcess(p, u or "", e) for p, u, e in zip(procs, urls, errs)]
     bad = [i for i, u in enumerate(urls) if u is None]
