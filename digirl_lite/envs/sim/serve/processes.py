@@ -108,13 +108,14 @@ def ends_with_parent() -> Any:
     ``close``/``stop``)."""
     if not sys.platform.startswith("linux"):
         return None
-    parent = os.getpid()
+    import ctypes
+    import signal
+
+    prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up before the fork, not in it
+    parent, sigterm = os.getpid(), int(signal.SIGTERM)
 
     def preexec() -> None:
-        import ctypes
-        import signal
-
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        prctl(1, sigterm)  # PR_SET_PDEATHSIG
         if os.getppid() != parent:  # the parent died before the line above
             os._exit(1)
 
