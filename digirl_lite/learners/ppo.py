@@ -180,10 +180,11 @@ class PPO(Learner):
                                   "the sampling's masks, which the Auto-UI policy puts again "
                                   f"(policy='autoui'), not policy={cfg.policy!r}; run it "
                                   f"with {name} false")
-        if cfg.goal_token_dropout:
+        if 0.0 < cfg.goal_token_dropout < 1.0:
             raise ConfigError(f"goal_token_dropout={cfg.goal_token_dropout}: algorithm={a!r} "
-                              "scores the sampled tokens in training mode, where the dropped "
-                              "goal embeddings change their probabilities; set it to 0")
+                              "scores the sampled tokens in training mode, where the randomly "
+                              "dropped goal embeddings change their probabilities; set it to "
+                              "0, or 1 (always dropped, acting too)")
         if cfg.policy == "vlm" and cfg.vlm_dtype != "fp32":
             raise ConfigError(f"vlm_dtype={cfg.vlm_dtype!r}: algorithm={a!r} needs the "
                               "recorded log-probabilities to be the scored ones, and a bf16 "

@@ -59,11 +59,13 @@ class _FusedEncoder:
                                  f"{m.lang_dim}): pass lang, (B, T, {m.lang_dim})")
             if inputs_embeds is None:
                 inputs_embeds = m.shared(input_ids)
-            if m.training and m.lang_token_dropout > 0:
+            if m.lang_token_dropout >= 1.0 or (m.training and m.lang_token_dropout > 0):
                 # the goal's own token embeddings dropped at random while training, so the
                 # model learns to read the goal through the pretrained features too: with
                 # both, it found the product from the few train phrasings' own words and cut
-                # held-out phrasings at the wrong words (benchmarks/span_generalization.py)
+                # held-out phrasings at the wrong words (benchmarks/span_generalization.py).
+                # At 1 they are never read, in training or acting: the features alone, so a
+                # word no training line holds has no untrained embedding of its own to read
                 goal = lang.abs().sum(-1, keepdim=True) > 0
                 drop = torch.rand(goal.shape, device=goal.device) < m.lang_token_dropout
                 inputs_embeds = inputs_embeds * ~(goal & drop)
@@ -89,7 +91,8 @@ class AutoUIModel(T5ForConditionalGeneration):
             the goal features added to the token embeddings (``lang_dense``;
             :mod:`digirl_lite.policy.goal_features`, whose encoder ``config.goal_encoder``
             names); ``config.lang_token_dropout`` (default 0) the chance that a goal token's
-            own embedding is dropped in training mode; ``config.frozen_token_embeddings``
+            own embedding is dropped in training mode (1: always, acting too);
+            ``config.frozen_token_embeddings``
             (default False) keeps the token embeddings (and the head tied to them) out of
             training (a pretrained table: ``config.token_embeddings``).
     """

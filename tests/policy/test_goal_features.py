@@ -212,6 +212,36 @@ def test_goal_token_dropout_trains_through_the_features_and_acts_with_everything
     assert sft_key(on) != sft_key(sim_quick(goal_features="minilm", starting_policy="sft"))
 
 
+def test_goal_token_dropout_1_reads_the_goal_through_the_features_alone_when_acting(feats):
+    from digirl_lite.errors import ConfigError
+    from digirl_lite.train.config import sim_quick
+
+    p = AutoUIPolicy.sim_preset(seed=0, goal_features="minilm", goal_token_dropout=1.0)
+    p.goal_features = feats
+    prompts = [build_prompt("At ebay.com, look up a crucial mx500 ssd", LAST)]
+    img = np.zeros((1, p.img_dim), np.float32)
+    p.model.eval()
+    alone = p.log_prob(prompts, img, [LAST])
+    enc = p._encode_prompts(prompts)
+    goal = enc["lang"].abs().sum(-1) > 0
+    seen = []
+    hook = p.model.encoder.register_forward_pre_hook(
+        lambda mod, args, kw: seen.append(kw["inputs_embeds"].detach()), with_kwargs=True)
+    assert torch.equal(p.log_prob(prompts, img, [LAST]), alone)
+    hook.remove()
+    with torch.no_grad():  # at the goal's tokens the encoder reads the features alone
+        from_features = p.model.lang_dense(enc["lang"])
+    assert torch.allclose(seen[0][goal], from_features[goal], atol=1e-6)
+    assert not torch.allclose(seen[0][~goal], from_features[~goal])  # elsewhere the tokens'
+    p.model.lang_token_dropout = 0.0  # the same weights reading the goal's embeddings too
+    assert not torch.allclose(p.log_prob(prompts, img, [LAST]), alone, atol=1e-3)
+    # always dropped is the same in training and acting: PPO's ratio can use it
+    sim_quick(goal_features="minilm", goal_token_dropout=1.0, algorithm="ppo",
+              starting_policy="sft")
+    with pytest.raises(ConfigError, match=r"goal_token_dropout must be in \[0, 1\]"):
+        sim_quick(goal_features="minilm", goal_token_dropout=1.5, starting_policy="sft")
+
+
 @pytest.mark.slow
 def test_pretrained_token_table_is_frozen_distinct_and_saved(feats, tmp_path):
     """``token_embeddings`` "minilm": every piece of the vocabulary gets its own row (copying

@@ -42,7 +42,7 @@ class PolicyConfig:
     (:mod:`~digirl_lite.policy.goal_features`); changes the policy's shape."""
     goal_token_dropout: float = 0.0
     """With ``goal_features``: the chance, at every training update, that a goal token's own
-    embedding is dropped, leaving the pretrained features alone there."""
+    embedding is dropped for the features alone there; 1: always, when acting too."""
     token_embeddings: str = "trained"
     """policy "autoui": "trained" (T5's own) or "minilm" (a frozen table of all-MiniLM-L6-v2's
     input embeddings); changes the policy's shape."""
@@ -143,8 +143,8 @@ def _check_goal_features(cfg: Any) -> None:
             raise ConfigError(f"goal_features: the goal features are the Auto-UI "
                               f"policy's; policy {cfg.policy!r} reads its prompt with "
                               "its own pretrained model (set goal_features 'none')")
-        if not 0.0 <= cfg.goal_token_dropout < 1.0:
-            raise ConfigError(f"goal_token_dropout must be in [0, 1), got "
+        if not 0.0 <= cfg.goal_token_dropout <= 1.0:
+            raise ConfigError(f"goal_token_dropout must be in [0, 1], got "
                               f"{cfg.goal_token_dropout}")
         if cfg.starting_policy == "shipped":
             raise ConfigError("goal_features: the shipped starting policies read no goal "
