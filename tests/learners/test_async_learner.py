@@ -134,7 +134,7 @@ def test_an_async_run_killed_mid_iteration_resumes_with_unique_ids(tmp_path):
     followed by --resume: episodes in flight at a kill are lost by design; the run ends
     with its iterations' trajectories stored once each, under ids never reused, and every
     stage evaluated."""
-    from test_resume import _run as run_recipe
+    from recipe_runs import run_recipe
 
     extra = ("learner=async", "fleet=async", "horizon=4", "n_envs=3")
     out = tmp_path / "killed"

@@ -6,28 +6,19 @@ with the store of an uninterrupted run."""
 from __future__ import annotations
 
 import json
-import os
 import random
 import signal
-import subprocess
-import sys
-import threading
-import time
 from pathlib import Path
 
 import pytest
+from recipe_runs import SMALL
+from recipe_runs import run_recipe as _run
 
 import digirl_lite.train.checkpoints as checkpoints_mod
 from digirl_lite.data.store import TrajectoryStore
 from digirl_lite.errors import ConfigError
 from digirl_lite.train.config import sim_quick
 from digirl_lite.train.trainer import Trainer
-
-ROOT = Path(__file__).resolve().parents[2]
-RECIPE = ROOT / "recipes" / "offline_to_online.py"
-SMALL = {"pile_size": 4, "eval_tasks": 2, "iterations": 1, "rollouts_per_iteration": 2,
-         "n_envs": 2, "offline_critic_updates": 1, "critic_updates": 1,
-         "offline_actor_updates": 1, "actor_updates": 1}
 
 
 def _cfg(**kw):
@@ -84,39 +75,6 @@ def test_resume_refuses_a_changed_config_unless_told(tmp_path, make_trainer):
     # a fresh run never writes over a run
     with pytest.raises(FileExistsError, match="resume"):
         make_trainer(_cfg(), out).run()
-
-
-def _kill_when(proc: subprocess.Popen, lines: list[str], markers: tuple[str, ...], delay: float,
-               timeout: float = 600.0) -> None:
-    """SIGKILL ``proc`` ``delay`` seconds after a stdout line containing any of ``markers``
-    (after its start when there are none)."""
-    t0 = time.time()
-    while markers and not any(m in x for x in lines for m in markers):
-        if proc.poll() is not None or time.time() - t0 > timeout:
-            return
-        time.sleep(0.05)
-    time.sleep(delay)
-    if proc.poll() is None:
-        os.kill(proc.pid, signal.SIGKILL)
-
-
-def _run(out: Path, resume: bool, markers: tuple[str, ...] = (), delay: float = 0.0,
-         extra: tuple[str, ...] = ()):
-    cmd = [sys.executable, str(RECIPE), "--quick", "--out", str(out), "--set",
-           *(f"{k}={v}" for k, v in SMALL.items()), "iterations=2", "eval_every=1",
-           *extra, *(["--resume"] if resume else [])]
-    env = {**os.environ, "OMP_NUM_THREADS": "1",
-           "DIGIRL_LITE_CACHE": str(out.parent / f"cache-{out.name}")}
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env=env, cwd=out.parent)
-    lines: list[str] = []
-    reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)
-    reader.start()
-    if markers or delay:
-        _kill_when(proc, lines, markers, delay)
-    proc.wait(timeout=900)
-    reader.join(timeout=10)
-    return proc.returncode, lines
 
 
 def _store_ids(out: Path) -> list[str]:
