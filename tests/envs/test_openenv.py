@@ -292,3 +292,18 @@ def test_a_server_ends_when_the_process_that_started_it_is_killed(oe, tmp_path):
         time.sleep(0.2)
     os.kill(server_pid, 9)  # ours to end: this test started it
     raise AssertionError(f"the server {server_pid} outlived the process that started it")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_a_server_started_off_the_main_thread_does_not_end_with_that_thread():
+    """Linux ends a PR_SET_PDEATHSIG child when the forking *thread* ends: a worker thread
+    that starts a phone gets no such hook, the main thread does."""
+    import threading
+
+    from digirl_lite.envs.sim.serve.processes import ends_with_parent
+
+    got = []
+    t = threading.Thread(target=lambda: got.append(ends_with_parent()))
+    t.start()
+    t.join()
+    assert got == [None] and callable(ends_with_parent())

@@ -105,8 +105,12 @@ def ends_with_parent() -> Any:
     """A ``preexec_fn`` for ``subprocess.Popen`` that makes the child end (SIGTERM) when the
     process that started it dies, even by SIGKILL, so a served phone is never left behind
     (Linux's ``PR_SET_PDEATHSIG``; None elsewhere: the child is then ended only by
-    ``close``/``stop``)."""
-    if not sys.platform.startswith("linux"):
+    ``close``/``stop``). Linux sends that signal when the *thread* that forked ends, so off
+    the main thread (a worker that may finish before the phone should) it is None too."""
+    import threading
+
+    if not sys.platform.startswith("linux") or \
+            threading.current_thread() is not threading.main_thread():
         return None
     import ctypes
     import signal
