@@ -204,6 +204,29 @@ def task_list(cfg: Any, split: str) -> list[Any]:
     return tasks
 
 
+def train_goal_words(cfg: Any) -> frozenset[str]:
+    """The words of the goals a run's policy trains on (config ``goal_unseen_words``): the
+    run's train list, on the simulated phone also the shipped train list its starting policy
+    is fine-tuned on and, where ``sft_phrasing_share`` or ``phrasing_share`` writes with
+    them, the train phrasings' templates (:func:`~digirl_lite.policy.goal_features.
+    goal_words`). No held-out list is read."""
+    import re
+
+    from digirl_lite.paths import data_dir
+    from digirl_lite.policy.goal_features import goal_words
+
+    texts = [getattr(t, "text", t) for t in task_list(cfg, "train")]
+    if cfg.env == "sim":
+        from digirl_lite.envs.sim.phrasings import train_phrasing_templates
+        from digirl_lite.envs.sim.tasks import load_task_file
+
+        texts += load_task_file(data_dir() / "tasks" / f"{cfg.world}_train.txt")
+        if getattr(cfg, "phrasing_share", 0.0) or getattr(cfg, "sft_phrasing_share", 0.0):
+            texts += [re.sub(r"\{\w*\}", " ", t) for t in train_phrasing_templates(
+                cfg.world, getattr(cfg, "train_phrasings", "base"))]
+    return frozenset(w for t in texts for _, _, w in goal_words(t))
+
+
 def split_path(cfg: Any, name: str) -> Path:
     """The task file of the held-out split ``name`` of ``eval_splits``: a path (a name with
     "/" or ending ".txt"), else the shipped ``tasks/<world>_<name>.txt``."""

@@ -21,6 +21,7 @@ so its states are cached by goal text: a goal repeats at every step of an episod
 
 from __future__ import annotations
 
+import re
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -31,7 +32,8 @@ import torch
 
 from digirl_lite.prompts import task_from_prompt
 
-__all__ = ["GOAL_ENCODERS", "GoalFeatures", "goal_span", "pretrained_token_table"]
+__all__ = ["GOAL_ENCODERS", "GoalFeatures", "goal_span", "goal_words",
+           "pretrained_token_table"]
 
 GOAL_ENCODERS = ("minilm",)
 """The encoders ``goal_features`` may name ("none": no features)."""
@@ -47,6 +49,15 @@ def goal_span(prompt: str) -> tuple[int, str] | None:
     return (at, task) if at >= 0 else None
 
 
+_WORD = re.compile(r"[A-Za-z0-9]+")
+
+
+def goal_words(text: str) -> list[tuple[int, int, str]]:
+    """The words of ``text`` (runs of letters and digits) as (start, end, lower case): what
+    :attr:`GoalFeatures.known_words` holds and is checked against."""
+    return [(m.start(), m.end(), m.group(0).lower()) for m in _WORD.finditer(text)]
+
+
 class GoalFeatures:
     """Per-token features of each prompt's goal from a frozen text encoder.
 
@@ -57,10 +68,14 @@ class GoalFeatures:
         cache_size: goals whose states are kept (least recently used dropped first; about
             30 KB each: a run's tasks are a few hundred, the starting policy's copy drills
             each a new one).
+        known_words: the words (:func:`goal_words`) of the text the policy trained on, or
+            None. Given, :meth:`encode` flags every token of a goal word outside them, and
+            the model reads those tokens through the features alone (config
+            ``goal_unseen_words`` "features").
     """
 
-    def __init__(self, name: str = "minilm", encoder: Any = None, cache_size: int = 4096
-                 ) -> None:
+    def __init__(self, name: str = "minilm", encoder: Any = None, cache_size: int = 4096,
+                 known_words: Any = None) -> None:
         if name not in GOAL_ENCODERS:
             raise ValueError(f"goal_features must be one of {', '.join(GOAL_ENCODERS)} (or "
                              f"'none'), got {name!r}")
@@ -72,6 +87,7 @@ class GoalFeatures:
         self.encoder = encoder
         self.dim = int(encoder.dim)
         self.cache_size = int(cache_size)
+        self.known_words = frozenset(known_words) if known_words is not None else None
         self._cache: OrderedDict[str, tuple[np.ndarray, torch.Tensor]] = OrderedDict()
         self._lock = threading.Lock()  # a behaviour copy shares it with the learner's policy
 
@@ -108,10 +124,24 @@ class GoalFeatures:
         w = torch.from_numpy(np.divide(over, n, out=np.zeros_like(over), where=n > 0))
         return w @ states
 
+    def unseen(self, spans: Sequence[tuple[int, int]], goal: str, start: int) -> torch.Tensor:
+        """(len(spans),) 1.0 where a token span overlaps a word of ``goal`` (at ``start`` in
+        the prompt) that :attr:`known_words` lacks, else 0.0."""
+        out = torch.zeros(len(spans))
+        new = [(a + start, b + start) for a, b, w in goal_words(goal)
+               if w not in self.known_words]
+        if not new or not len(spans):
+            return out
+        s = np.asarray(spans, dtype=np.int64).reshape(-1, 2)
+        w = np.asarray(new, dtype=np.int64)
+        over = (w[None, :, 0] < s[:, 1:]) & (w[None, :, 1] > s[:, :1]) & (s[:, 1:] > s[:, :1])
+        return torch.from_numpy(over.any(1).astype(np.float32))
+
     def encode(self, tokenizer: Any, prompts: Sequence[str], max_length: int | None
                ) -> dict[str, torch.Tensor]:
         """What the tokenizer's ``__call__`` gives (right-padded ``input_ids`` and
-        ``attention_mask``) plus ``lang``: (B, T, dim) goal features on the same tokens."""
+        ``attention_mask``) plus ``lang``: (B, T, dim) goal features on the same tokens;
+        with :attr:`known_words`, (B, T, dim + 1): the last channel :meth:`unseen`'s flags."""
         if not hasattr(tokenizer, "encode_spans"):
             raise TypeError(f"goal_features needs a tokenizer that gives each token's "
                             f"characters (the simulator preset's SPTokenizer); "
@@ -119,10 +149,13 @@ class GoalFeatures:
         enc = tokenizer(list(prompts), max_length=max_length, spans=True)
         where = [goal_span(p) for p in prompts]
         it = iter(self._states([w[1] for w in where if w is not None]))
-        lang = torch.zeros((*enc["input_ids"].shape, self.dim))
+        flags = self.known_words is not None
+        lang = torch.zeros((*enc["input_ids"].shape, self.dim + flags))
         for i, (spans, w) in enumerate(zip(enc.pop("spans"), where)):
             if w is not None:
-                lang[i, :len(spans)] = self.align(prompts[i], spans, next(it), w[0])
+                lang[i, :len(spans), :self.dim] = self.align(prompts[i], spans, next(it), w[0])
+                if flags:
+                    lang[i, :len(spans), self.dim] = self.unseen(spans, w[1], w[0])
         return {**enc, "lang": lang}
 
     def to(self, device: str | torch.device) -> GoalFeatures:

@@ -59,6 +59,11 @@ class _FusedEncoder:
                                  f"{m.lang_dim}): pass lang, (B, T, {m.lang_dim})")
             if inputs_embeds is None:
                 inputs_embeds = m.shared(input_ids)
+            if lang.shape[-1] == m.lang_dim + 1:  # GoalFeatures.known_words' flags: a goal
+                # word the training text never held is read through the features alone
+                # (its tokens' own embeddings were never trained on it), acting and training
+                inputs_embeds = inputs_embeds * (lang[..., -1:] <= 0.5)
+                lang = lang[..., :-1]
             if m.lang_token_dropout >= 1.0 or (m.training and m.lang_token_dropout > 0):
                 # the goal's own token embeddings dropped at random while training, so the
                 # model learns to read the goal through the pretrained features too: with
@@ -88,7 +93,8 @@ class AutoUIModel(T5ForConditionalGeneration):
         config: a T5Config; ``config.img_dim`` (default 1408, BLIP-2) is the image size;
             ``config.img_scale`` (default 1.0, Auto-UI's fusion exactly) multiplies the image
             vector before the fusion; ``config.lang_dim`` (default 0: none) the size of
-            the goal features added to the token embeddings (``lang_dense``;
+            the goal features added to the token embeddings (``lang_dense``; one more
+            channel, where given, flags the tokens whose own embeddings are dropped:
             :mod:`digirl_lite.policy.goal_features`, whose encoder ``config.goal_encoder``
             names); ``config.lang_token_dropout`` (default 0) the chance that a goal token's
             own embedding is dropped in training mode (1: always, acting too);

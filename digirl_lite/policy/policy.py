@@ -91,6 +91,9 @@ class AutoUIPolicy:
         self.goal_features = goal_features if model.lang_dim else None
         if self.goal_features is not None:
             self.goal_features.to(device)
+            known = getattr(model.config, "goal_known_words", None)
+            if known is not None:  # saved with the model: every load reads goals the same way
+                self.goal_features.known_words = frozenset(known)
         self.tokenizer = tokenizer
         self.max_prompt_tokens = max_prompt_tokens
         self.device = torch.device(device)
@@ -109,6 +112,19 @@ class AutoUIPolicy:
         if self.goal_features is not None:
             self.goal_features.to(self.device)
         return self
+
+    def read_unseen_words_through_features(self, words: Any) -> None:
+        """From now on a goal word outside ``words`` (the words of the text it trained on:
+        :func:`~digirl_lite.policy.goal_features.goal_words`) is read through the goal
+        features alone, its tokens' own embeddings dropped (config ``goal_unseen_words``
+        "features"); kept in the model's config, so a saved policy reads goals the same
+        way."""
+        if self.goal_features is None:
+            raise ValueError("read_unseen_words_through_features: this policy reads no goal "
+                             "features (goal_features 'none')")
+        known = sorted({str(w).lower() for w in words})
+        self.model.config.goal_known_words = known
+        self.goal_features.known_words = frozenset(known)
 
     def parameters(self):
         """The model's parameters (the actor's); the value head's are

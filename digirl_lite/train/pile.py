@@ -87,6 +87,10 @@ class StartingPolicyAndPile:
                 self.timings["sft"] = seconds
         else:
             self.log(stage="sft", loaded=str(Path(c.starting_policy).expanduser()))
+        if c.goal_unseen_words == "features":
+            from digirl_lite.envs.setup import train_goal_words
+
+            self.policy.read_unseen_words_through_features(train_goal_words(c))
         self.policy.to(self.accelerator.device)
         self._fresh_value_bias()
         dist.broadcast_parameters(self.policy.model)  # one policy on every process

@@ -306,3 +306,58 @@ def test_pretrained_token_table_is_frozen_distinct_and_saved(feats, tmp_path):
     got = initial_policy(sim_quick(starting_policy=str(tmp_path / "lex"),
                                    token_embeddings="minilm"))
     assert torch.equal(got.model.shared.weight, table)
+
+
+def test_a_goal_word_no_train_text_held_is_read_through_the_features_alone(feats, tmp_path):
+    """``goal_unseen_words`` "features": the words of the run's train texts are the policy's
+    known words; a goal word outside them ("start": the held-out split's opening verb) has
+    its tokens' own embeddings dropped, when acting and after a save, and only it."""
+    from digirl_lite.envs.setup import train_goal_words
+    from digirl_lite.errors import ConfigError
+    from digirl_lite.policy.goal_features import goal_words
+    from digirl_lite.train.config import sim_quick
+
+    cfg = sim_quick(world="general", goal_features="minilm", goal_token_dropout=0.5,
+                    sft_phrasing_share=0.5, starting_policy="sft",
+                    goal_unseen_words="features")
+    words = train_goal_words(cfg)
+    assert {"open", "launch", "fire", "settings", "weather", "capital"} <= words
+    held = (data_dir() / "tasks" / "general_unseen_phrasings.txt").read_text().splitlines()
+    verbs = {goal_words(t)[0][2] for t in held if t.lower().startswith("start")}
+    assert verbs == {"start"} and not verbs & words  # the split's verb is no train word
+    p = AutoUIPolicy.sim_preset(seed=0, goal_features="minilm", goal_token_dropout=0.5)
+    p.goal_features = GoalFeatures("minilm", encoder=feats.encoder)
+    p.model.eval()
+    task = "start the Settings app"
+    prompts = [build_prompt(task, LAST)]
+    img = np.zeros((1, p.img_dim), np.float32)
+    before = p.log_prob(prompts, img, [LAST])
+    p.read_unseen_words_through_features(words)
+    enc = p._encode_prompts(prompts)
+    assert enc["lang"].shape[-1] == p.model.lang_dim + 1
+    flagged = enc["lang"][0, :, -1] > 0.5
+    at, _ = goal_span(prompts[0])
+    spans = p.tokenizer(prompts, max_length=None, spans=True)["spans"][0]
+    start_tokens = torch.tensor([a < at + 5 and b > at for a, b in spans] +
+                                [False] * (len(flagged) - len(spans)))
+    assert torch.equal(flagged, start_tokens) and flagged.any()
+    seen = []
+    hook = p.model.encoder.register_forward_pre_hook(
+        lambda mod, args, kw: seen.append(kw["inputs_embeds"].detach()), with_kwargs=True)
+    after = p.log_prob(prompts, img, [LAST])
+    hook.remove()
+    with torch.no_grad():  # at "start" the encoder reads the features alone
+        from_features = p.model.lang_dense(enc["lang"][..., :-1])
+    assert torch.allclose(seen[0][0][flagged], from_features[0][flagged], atol=1e-6)
+    goal = enc["lang"][0, :, :-1].abs().sum(-1) > 0
+    assert not torch.allclose(seen[0][0][goal & ~flagged], from_features[0][goal & ~flagged])
+    assert not torch.allclose(after, before, atol=1e-4)
+    p.save(tmp_path / "p")
+    again = AutoUIPolicy.load(tmp_path / "p")
+    again.goal_features.encoder = feats.encoder
+    assert again.goal_features.known_words == words
+    assert torch.allclose(again.log_prob(prompts, img, [LAST]), after, atol=1e-5)
+    with pytest.raises(ConfigError, match="goal_unseen_words must be one of"):
+        sim_quick(goal_features="minilm", starting_policy="sft", goal_unseen_words="drop")
+    with pytest.raises(ConfigError, match="goal_unseen_words 'features'"):
+        sim_quick(goal_unseen_words="features")

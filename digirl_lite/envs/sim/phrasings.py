@@ -42,7 +42,7 @@ __all__ = ["Phrasings", "TRAIN_PHRASINGS", "WIDE_TRAIN_PHRASINGS", "TRAIN_PHRASI
            "rephrase_train_tasks", "add_typo",
            "GeneralPhrasings", "GENERAL_HELD_OUT_PHRASINGS", "GENERAL_TRAIN_PHRASINGS",
            "GENERAL_TRAIN_PHRASING_SETS", "GENERAL_FUNCTION_WORDS",
-           "general_content_words", "rephrase_general"]
+           "general_content_words", "rephrase_general", "train_phrasing_templates"]
 
 
 @dataclass(frozen=True)
@@ -527,3 +527,15 @@ def rephrase_general(task: Task | str, phrasings: GeneralPhrasings,
                 general_content_words(back.query) == general_content_words(t.query):
             return out
     raise ValueError(f"no phrasing of {t.text!r} parsed back to the same task")
+
+
+def train_phrasing_templates(world: str, name: str) -> list[str]:
+    """Every template of the train phrasing set ``name`` of ``world`` (its slots as written:
+    ``{d}``, ``{q}``, ``{a}``, ``{}``); a set without an entry for ``world`` gives none."""
+    if world == "general":
+        g = GENERAL_TRAIN_PHRASING_SETS.get(name)
+        if g is None:
+            return []
+        return [*g.open, *g.search, *(t for held in g.search.values() for t in held)]
+    p = TRAIN_PHRASING_SETS[name]
+    return [*p.level1, *p.level2, *p.select]

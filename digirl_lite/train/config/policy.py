@@ -43,6 +43,9 @@ class PolicyConfig:
     goal_token_dropout: float = 0.0
     """With ``goal_features``: the chance, at every training update, that a goal token's own
     embedding is dropped for the features alone there; 1: always, when acting too."""
+    goal_unseen_words: str = "embeddings"
+    """With ``goal_features``: "features" reads a goal word no train text held through the
+    features alone, its tokens' embeddings dropped; "embeddings": every word as trained."""
     token_embeddings: str = "trained"
     """policy "autoui": "trained" (T5's own) or "minilm" (a frozen table of all-MiniLM-L6-v2's
     input embeddings); changes the policy's shape."""
@@ -131,8 +134,12 @@ def _check_copying(cfg: Any) -> None:
                               f"{cfg.typed_span_phrasings!r}")
 
 
+GOAL_UNSEEN_WORDS = ("embeddings", "features")
+"""What ``goal_unseen_words`` may name."""
+
+
 def _check_goal_features(cfg: Any) -> None:
-    """``goal_features`` and ``goal_token_dropout``."""
+    """``goal_features``, ``goal_token_dropout`` and ``goal_unseen_words``."""
     if cfg.goal_features != "none":
         from digirl_lite.policy.goal_features import GOAL_ENCODERS
 
@@ -153,3 +160,9 @@ def _check_goal_features(cfg: Any) -> None:
     elif cfg.goal_token_dropout:
         raise ConfigError("goal_token_dropout drops goal tokens' embeddings in favour of "
                           "the goal features: set goal_features 'minilm' (or it to 0)")
+    if cfg.goal_unseen_words not in GOAL_UNSEEN_WORDS:
+        raise ConfigError(f"goal_unseen_words must be one of {', '.join(GOAL_UNSEEN_WORDS)}, "
+                          f"got {cfg.goal_unseen_words!r}")
+    if cfg.goal_unseen_words == "features" and cfg.goal_features == "none":
+        raise ConfigError("goal_unseen_words 'features' reads unseen goal words through the "
+                          "goal features: set goal_features 'minilm' (or it to 'embeddings')")
