@@ -102,6 +102,11 @@ def initial_policy(c: Any) -> Policy:
     if has != c.goal_features:
         raise ConfigError(f"starting_policy {str(d)!r} reads goal features {has!r}, but "
                           f"goal_features is {c.goal_features!r}: set it to {has!r}")
+    if getattr(policy.model.config, "goal_known_words", None) is not None and \
+            c.goal_unseen_words != "features":
+        raise ConfigError(f"starting_policy {str(d)!r} reads goal words no train text held "
+                          f"through the goal features alone, but goal_unseen_words is "
+                          f"{c.goal_unseen_words!r}: set it to 'features'")
     has = getattr(policy.model.config, "token_embeddings", None) or "trained"
     if has != c.token_embeddings:
         raise ConfigError(f"starting_policy {str(d)!r} has token embeddings {has!r}, but "

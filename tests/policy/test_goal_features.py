@@ -357,6 +357,11 @@ def test_a_goal_word_no_train_text_held_is_read_through_the_features_alone(feats
     again.goal_features.encoder = feats.encoder
     assert again.goal_features.known_words == words
     assert torch.allclose(again.log_prob(prompts, img, [LAST]), after, atol=1e-5)
+    from digirl_lite.policy.factory import initial_policy
+
+    with pytest.raises(ConfigError, match="goal_unseen_words is 'embeddings'"):
+        initial_policy(sim_quick(world="general", goal_features="minilm",
+                                 starting_policy=str(tmp_path / "p")))
     with pytest.raises(ConfigError, match="goal_unseen_words must be one of"):
         sim_quick(goal_features="minilm", starting_policy="sft", goal_unseen_words="drop")
     with pytest.raises(ConfigError, match="goal_unseen_words 'features'"):
