@@ -47,8 +47,12 @@ def tally(run_dirs: list[str], seen: set[str]) -> dict[str, Any]:
             stage, _, split = ev.name.partition("-")
             trajs, _ = TrajectoryStore.open(ev).load(with_images=False)
             for t in trajs:
+                if t.true_success is None:  # no ground truth: not counted
+                    continue
+                where = shop(t.task)
                 cell = out[r.parent.name][stage][split or "test"][
-                    "train shop" if shop(t.task) in seen else "new shop"]
+                    "no shop" if where is None else "train shop" if where in seen
+                    else "new shop"]
                 cell[0] += bool(t.true_success)
                 cell[1] += 1
     return json.loads(json.dumps(out))

@@ -209,7 +209,10 @@ def train_goal_words(cfg: Any) -> frozenset[str]:
     run's train list, on the simulated phone also the shipped train list its starting policy
     is fine-tuned on and, where ``sft_phrasing_share`` or ``phrasing_share`` writes with
     them, the train phrasings' templates (:func:`~digirl_lite.policy.goal_features.
-    goal_words`). No held-out list is read."""
+    goal_words`). No held-out list is read. Left out: the made-up products and names of
+    the starting policy's demonstrations and copy drills (read through the features too, as
+    any name the lists do not hold). Words are compared in lower case, so a known word in
+    another case or quoted (which the tokenizer cuts otherwise) keeps its embeddings."""
     import re
 
     from digirl_lite.paths import data_dir

@@ -366,3 +366,29 @@ def test_a_goal_word_no_train_text_held_is_read_through_the_features_alone(feats
         sim_quick(goal_features="minilm", starting_policy="sft", goal_unseen_words="drop")
     with pytest.raises(ConfigError, match="goal_unseen_words 'features'"):
         sim_quick(goal_unseen_words="features")
+
+
+def test_a_run_built_with_goal_unseen_words_features_reads_the_train_words(tmp_path,
+                                                                           make_trainer):
+    """The run sets the known words from its own train texts when it builds its starting
+    policy (here a saved directory), keeps them through a save, and a run whose config
+    says otherwise refuses that policy."""
+    from digirl_lite.envs.setup import train_goal_words
+    from digirl_lite.errors import ConfigError
+    from digirl_lite.train.config import sim_quick
+
+    AutoUIPolicy.sim_preset(seed=0, goal_features="minilm").save(tmp_path / "start")
+    cfg = sim_quick(world="general", goal_features="minilm",
+                    starting_policy=str(tmp_path / "start"), goal_unseen_words="features")
+    t = make_trainer(cfg, tmp_path / "a")
+    t.build_starting_policy()
+    assert t.policy.model.config.goal_known_words == sorted(train_goal_words(cfg))
+    assert t.policy.goal_features.known_words == train_goal_words(cfg)
+    t.policy.save(tmp_path / "saved")
+    plain = sim_quick(world="general", goal_features="minilm",
+                      starting_policy=str(tmp_path / "saved"))
+    with pytest.raises(ConfigError, match="goal_unseen_words is 'embeddings'"):
+        make_trainer(plain, tmp_path / "b").build_starting_policy()
+    with pytest.raises(ConfigError, match="changes nothing at goal_token_dropout 1"):
+        sim_quick(goal_features="minilm", goal_token_dropout=1.0, starting_policy="sft",
+                  goal_unseen_words="features")

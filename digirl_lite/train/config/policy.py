@@ -166,3 +166,7 @@ def _check_goal_features(cfg: Any) -> None:
     if cfg.goal_unseen_words == "features" and cfg.goal_features == "none":
         raise ConfigError("goal_unseen_words 'features' reads unseen goal words through the "
                           "goal features: set goal_features 'minilm' (or it to 'embeddings')")
+    if cfg.goal_unseen_words == "features" and cfg.goal_token_dropout >= 1.0:
+        raise ConfigError("goal_unseen_words 'features' changes nothing at goal_token_dropout "
+                          "1 (every goal word is read through the features): set it to "
+                          "'embeddings'")
