@@ -14,30 +14,22 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-_SHOP = re.compile(r"[a-z0-9-]+\.(?:com|org|net)", re.I)
-
 
 def shop(text: str) -> str | None:
-    """The first web address of an instruction (lower case), None without one."""
-    m = _SHOP.search(text)
-    return m.group(0).lower() if m else None
+    """The shop an instruction names (a key of the simulator's ``catalog.SITES``), None for
+    another kind of task."""
+    from digirl_lite.envs.sim.tasks import parse_task
 
-
-def train_shops() -> set[str]:
-    """The shops the Web Shopping train list names."""
-    from digirl_lite.paths import data_dir
-
-    lines = (data_dir() / "tasks" / "webshop_train.txt").read_text().splitlines()
-    return {s for s in map(shop, lines) if s}
+    return parse_task(text).site
 
 
 def tally(run_dirs: list[str], seen: set[str]) -> dict[str, Any]:
-    """arm -> stage -> list -> {"train shop" | "new shop": [successes, episodes]}."""
+    """arm -> stage -> list -> {"train shop" | "new shop" | "no shop": [successes,
+    episodes]}."""
     from digirl_lite.data.store import TrajectoryStore
 
     out: dict[str, Any] = defaultdict(lambda: defaultdict(lambda: defaultdict(
@@ -63,7 +55,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("runs", nargs="+", help="run folders (runs/grid/NAME/ARM/seedS)")
     ap.add_argument("--json", help="write the report here")
     args = ap.parse_args(argv)
-    seen = train_shops()
+    from digirl_lite.envs.sim.catalog import TRAIN_SITES
+
+    seen = set(TRAIN_SITES)  # the shops the train and test lists use
     report = {"train_shops": sorted(seen), "run_folders": args.runs,
               "arms": tally(args.runs, seen)}
     for arm, stages in report["arms"].items():

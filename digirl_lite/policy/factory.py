@@ -16,7 +16,8 @@ from typing import Any
 from digirl_lite.errors import ConfigError
 from digirl_lite.policy.base import POLICY_FILE, Policy, policy_kind
 
-__all__ = ["initial_policy", "fresh_policy", "load_kwargs", "load_policy"]
+__all__ = ["initial_policy", "fresh_policy", "load_kwargs", "load_policy",
+           "check_goal_words"]
 
 
 def load_policy(directory: str | Path, device: str = "cpu", **kw: Any) -> Policy:
@@ -64,6 +65,17 @@ def fresh_policy(c: Any) -> Policy:
                                    token_embeddings=c.token_embeddings)
 
 
+def check_goal_words(policy: Any, c: Any, what: str) -> None:
+    """A policy that reads unseen goal words through the goal features (its saved known
+    words) under a config whose ``goal_unseen_words`` is not "features" is a ConfigError
+    naming ``what``."""
+    if getattr(policy, "known_goal_words", None) is not None and \
+            c.goal_unseen_words != "features":
+        raise ConfigError(f"{what} reads goal words no train text held through the goal "
+                          f"features alone, but goal_unseen_words is "
+                          f"{c.goal_unseen_words!r}: set it to 'features'")
+
+
 def initial_policy(c: Any) -> Policy:
     """See the module's docstring. A directory that is not what the config says is a
     ConfigError naming what it holds."""
@@ -102,11 +114,7 @@ def initial_policy(c: Any) -> Policy:
     if has != c.goal_features:
         raise ConfigError(f"starting_policy {str(d)!r} reads goal features {has!r}, but "
                           f"goal_features is {c.goal_features!r}: set it to {has!r}")
-    if getattr(policy.model.config, "goal_known_words", None) is not None and \
-            c.goal_unseen_words != "features":
-        raise ConfigError(f"starting_policy {str(d)!r} reads goal words no train text held "
-                          f"through the goal features alone, but goal_unseen_words is "
-                          f"{c.goal_unseen_words!r}: set it to 'features'")
+    check_goal_words(policy, c, f"starting_policy {str(d)!r}")
     has = getattr(policy.model.config, "token_embeddings", None) or "trained"
     if has != c.token_embeddings:
         raise ConfigError(f"starting_policy {str(d)!r} has token embeddings {has!r}, but "

@@ -113,6 +113,12 @@ class AutoUIPolicy:
             self.goal_features.to(self.device)
         return self
 
+    @property
+    def known_goal_words(self) -> frozenset[str] | None:
+        """The words a goal word must be among to keep its own embeddings (config
+        ``goal_unseen_words`` "features"); None: every word keeps them."""
+        return self.goal_features.known_words if self.goal_features is not None else None
+
     def read_unseen_words_through_features(self, words: Any) -> None:
         """From now on a goal word outside ``words`` (the words of the text it trained on:
         :func:`~digirl_lite.policy.goal_features.goal_words`) is read through the goal

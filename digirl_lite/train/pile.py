@@ -22,7 +22,6 @@ from digirl_lite import distributed as dist
 from digirl_lite.data.records import ScreenTable, Source, Trajectory
 from digirl_lite.data.store import TrajectoryStore
 from digirl_lite.envs.base import WorldInfo
-from digirl_lite.errors import ConfigError
 from digirl_lite.paths import content_key, fsync_tree
 
 __all__ = ["StartingPolicyAndPile", "pile_key"]
@@ -92,11 +91,10 @@ class StartingPolicyAndPile:
             from digirl_lite.envs.setup import train_goal_words
 
             self.policy.read_unseen_words_through_features(train_goal_words(c))
-        elif getattr(getattr(getattr(self.policy, "model", None), "config", None),
-                     "goal_known_words", None) is not None:
-            raise ConfigError("the starting policy reads goal words no train text held "
-                              "through the goal features alone, but goal_unseen_words is "
-                              f"{c.goal_unseen_words!r}: set it to 'features'")
+        else:
+            from digirl_lite.policy.factory import check_goal_words
+
+            check_goal_words(self.policy, c, "the starting policy")
         self.policy.to(self.accelerator.device)
         self._fresh_value_bias()
         dist.broadcast_parameters(self.policy.model)  # one policy on every process
